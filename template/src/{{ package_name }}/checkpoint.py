@@ -1,0 +1,72 @@
+"""Checkpoints that survive Windows file semantics and interrupted writes.
+
+Only rank 0 writes, to a temporary file in the same folder, then renames it
+over the final name with os.replace (atomic on Windows and POSIX), so a
+crash mid-save leaves the previous checkpoint intact. Loading uses
+weights_only=True: a checkpoint holds only tensors and plain Python values.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+
+_NAME = re.compile(r"^step-(\d{8})\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be read; the message names the file."""
+
+
+def directory(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def path_for(output_dir: str | Path, global_step: int) -> Path:
+    return directory(output_dir) / f"step-{global_step:08d}.pt"
+
+
+def save_atomic(state: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    torch.save(state, temporary)
+    os.replace(temporary, path)
+
+
+def existing(output_dir: str | Path) -> list[Path]:
+    """Finished checkpoints, newest first (temporary files are never listed)."""
+    folder = directory(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if _NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)
+
+
+def prune(output_dir: str | Path, keep: int) -> None:
+    for old in existing(output_dir)[keep:]:
+        old.unlink(missing_ok=True)
+
+
+def load(path: Path) -> dict:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint not found: {path}") from None
+    except Exception as error:  # torch raises several types for damaged files
+        raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {error})") from None
+    if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
+        raise CheckpointError(f"checkpoint {path} does not hold a training state (no model or global_step)")
+    return state
+
+
+def load_newest_good(output_dir: str | Path, warn) -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads; damaged ones are reported and skipped."""
+    for candidate in existing(output_dir):
+        try:
+            return candidate, load(candidate)
+        except CheckpointError as error:
+            warn(f"{error}; falling back to the checkpoint before it")
+    return None

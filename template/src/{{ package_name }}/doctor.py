@@ -1,0 +1,132 @@
+"""Environment check: python -m <package>.doctor
+
+Prints what this machine has (paste it into a bug report), then compares it
+with what the project was generated for ([environment] in configs/train.toml).
+Each mismatch is one line with the command that fixes it. Exits 1 when
+anything would stop training, 0 otherwise (warnings do not count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .config import DEFAULT_CONFIG, Config, ConfigError, load
+from .distributed import LaunchError, check_port_free
+
+PROG = f"python -m {__package__}.doctor"
+
+
+@dataclass
+class Finding:
+    level: str  # "ok", "warn" or "FAIL"
+    text: str
+
+
+def cuda_tag() -> str:
+    """The wheel tag of the installed torch build: cpu, cu126, ..."""
+    return "cu" + torch.version.cuda.replace(".", "") if torch.version.cuda else "cpu"
+
+
+def libuv_in_store() -> bool:
+    """Whether this torch's TCPStore was built with libuv (Windows wheels were not)."""
+    try:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False)
+    except Exception:  # noqa: BLE001 - the build without libuv raises a RuntimeError
+        return False
+    del store
+    return True
+
+
+def facts() -> dict[str, str]:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus)) or "none"
+    return {
+        "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "python": platform.python_version(),
+        "torch": f"{torch.__version__} ({cuda_tag()} build)",
+        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none",
+        "gpus": f"{gpus}: {names}",
+        "gloo": "yes" if dist.is_gloo_available() else "no",
+        "nccl": "yes" if dist.is_nccl_available() else "no",
+        "libuv": "yes" if libuv_in_store() else "no (the launchers set USE_LIBUV=0)",
+        "conda env": os.environ.get("CONDA_DEFAULT_ENV", "none active"),
+    }
+
+
+def compare(config: Config) -> list[Finding]:
+    """Machine against answers; every non-ok line carries its fix."""
+    wanted = config.environment
+    found: list[Finding] = []
+    reinstall = (
+        f"pip install --force-reinstall torch=={wanted.get('torch_version')}+{wanted.get('cuda')} "
+        f"--index-url {wanted.get('torch_index_url')}   (or: conda env update -f environment.yml --prune)"
+    )
+    installed_version = torch.__version__.split("+")[0]
+    if wanted.get("torch_version") and installed_version != wanted["torch_version"]:
+        found.append(Finding("warn", f"torch {installed_version} is installed, the project pins "
+                                     f"{wanted['torch_version']}; fix: {reinstall}"))
+    have_tag = cuda_tag()
+    if wanted.get("cuda") and have_tag != wanted["cuda"]:
+        level = "FAIL" if wanted["cuda"] != "cpu" and have_tag == "cpu" else "warn"
+        found.append(Finding(level, f"torch is a {have_tag} build, the project wants {wanted['cuda']}; fix: {reinstall}"))
+    want_python = wanted.get("python_version")
+    if want_python and platform.python_version().rsplit(".", 1)[0] != want_python:
+        found.append(Finding("warn", f"Python {platform.python_version()} runs this, the project pins {want_python}; "
+                                     "fix: conda env update -f environment.yml --prune, then conda activate it"))
+    if config.device == "cuda":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        needed = config.nproc_per_node * (2 if config.parallelism == "ddp_model_parallel" else 1)
+        if gpus < needed:
+            found.append(Finding("FAIL", f"{needed} GPU(s) needed for {config.nproc_per_node} process(es), {gpus} "
+                                         "visible; fix: install the CUDA build above, check nvidia-smi, or train "
+                                         f"with fewer: {_train()} --nproc-per-node {max(gpus, 1)}"
+                                         + ("" if gpus else " --device cpu --backend gloo")))
+    if config.backend == "nccl" and not dist.is_nccl_available():
+        found.append(Finding("FAIL", f"backend nccl is not in this torch build; fix: {_train()} --backend gloo"))
+    if config.backend == "gloo" and not dist.is_gloo_available():
+        found.append(Finding("FAIL", "backend gloo is not in this torch build; fix: " + reinstall))
+    if sys.platform == "win32" and installed_version.startswith(("2.8.", "2.9.")):
+        found.append(Finding("FAIL", f"torch {installed_version} on Windows cannot start gloo "
+                                     "(makeDeviceForHostname(): unsupported gloo device); fix: "
+                                     "pin torch 2.7.1 or >= 2.10 in environment.yml and run scripts\\setup_env.bat"))
+    if config.node_rank == 0:
+        try:
+            check_port_free(config.master_addr, config.master_port)
+        except LaunchError as error:
+            found.append(Finding("FAIL", str(error)))
+    if not found:
+        found.append(Finding("ok", "this machine matches the project's answers"))
+    return found
+
+
+def _train() -> str:
+    return f"python -m {__package__}.train"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    args = parser.parse_args(argv)
+    try:
+        config = load(args.config)
+    except ConfigError as error:
+        parser.error(str(error))
+    for name, value in facts().items():
+        print(f"{name:>10}: {value}")
+    print()
+    findings = compare(config)
+    for finding in findings:
+        print(f"{finding.level:<4}  {finding.text}")
+    return 1 if any(f.level == "FAIL" for f in findings) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Train the toy model with DistributedDataParallel.
+
+    python -m <package>.train --nproc-per-node 2 --epochs 5
+
+Run plainly, this starts its own ranks with torch.multiprocessing (the only
+way that works on native Windows, and it works on Linux too). Under torchrun
+the process joins as the rank torchrun gave it. Every setting comes from
+configs/train.toml and can be overridden by a flag; `--help` lists them.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from . import __version__, checkpoint
+from .config import Config, from_command_line
+from .data import make_dataset
+from .distributed import (
+    LaunchError,
+    RankInfo,
+    cleanup,
+    devices_for,
+    ignore_interrupts_in_children,
+    init_process_group,
+    spawn,
+    torchrun_rank,
+    under_torchrun,
+)
+from .model import build
+
+PROG = f"python -m {__package__}.train"
+
+
+def versions() -> dict:
+    return {
+        "package": __version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "cpu",
+        "python": platform.python_version(),
+        "os": platform.platform(),
+    }
+
+
+def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
+    """One log file per rank (torchrun's redirects do not work on Windows); rank 0 also prints."""
+    logger = logging.getLogger(f"{__package__}.rank{rank}")
+    logger.setLevel(logging.INFO)
+    logger.handlers.clear()
+    logger.propagate = False
+    (output_dir / "logs").mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(output_dir / "logs" / f"rank{rank}.log", encoding="utf-8")
+    to_file.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(levelname)s %(message)s"))
+    logger.addHandler(to_file)
+    if rank == 0:
+        to_console = logging.StreamHandler(sys.stdout)
+        to_console.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(to_console)
+    return logger
+
+
+class Trainer:
+    """One rank's training: build, resume, run epochs, checkpoint."""
+
+    def __init__(self, config: Config, info: RankInfo, log: logging.Logger) -> None:
+        self.config, self.info, self.log = config, info, log
+        self.output_dir = Path(config.output_dir)
+        self.devices = devices_for(config, info.local_rank)
+        if info.world_size < 1 or config.global_batch_size % info.world_size:
+            raise LaunchError(
+                f"global_batch_size={config.global_batch_size} does not divide over {info.world_size} ranks"
+            )
+
+        torch.manual_seed(config.seed)  # same initial weights on every rank
+        model = build(config.parallelism, self.devices)
+        # A model that spans two devices must be wrapped without device_ids.
+        single_gpu = len(self.devices) == 1 and self.devices[0].type == "cuda"
+        self.model = DistributedDataParallel(model, device_ids=[self.devices[0]] if single_gpu else None)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
+        self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
+            self.optimizer, T_max=config.epochs * config.steps_per_epoch
+        )
+        self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16")
+
+        dataset = make_dataset(config.samples, config.seed)
+        self.sampler = DistributedSampler(
+            dataset, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=config.seed, drop_last=True
+        )
+        self.loader = DataLoader(
+            dataset,
+            batch_size=config.global_batch_size // info.world_size,
+            sampler=self.sampler,
+            num_workers=config.num_workers,
+            persistent_workers=config.num_workers > 0,
+            pin_memory=self.devices[0].type == "cuda",
+            drop_last=True,
+        )
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.global_step = 0
+
+    # -- state -------------------------------------------------------------
+    def state(self) -> dict:
+        return {
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "global_step": self.global_step,
+            "config": {k: v for k, v in vars(self.config).items() if k != "environment"},
+            "versions": versions(),
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        torch.set_rng_state(state["torch_rng"])
+        self.epoch, self.step_in_epoch, self.global_step = (
+            state["epoch"], state["step_in_epoch"], state["global_step"]
+        )
+
+    def resume(self) -> None:
+        choice = self.config.resume
+        if choice == "none":
+            return
+        if choice == "auto":
+            found = checkpoint.load_newest_good(self.output_dir, self.log.warning)
+            if found is None:
+                return
+            path, state = found
+        else:
+            path = Path(choice)
+            state = checkpoint.load(path)
+        self.load_state(state)
+        self.log.info(f"resumed from {path} (epoch {self.epoch}, step {self.step_in_epoch} of that epoch)")
+
+    def save(self) -> None:
+        """Rank 0 writes; everyone waits so no rank runs ahead of a checkpoint."""
+        if self.info.rank == 0:
+            checkpoint.save_atomic(self.state(), checkpoint.path_for(self.output_dir, self.global_step))
+            checkpoint.prune(self.output_dir, self.config.keep_checkpoints)
+        dist.barrier()
+
+    # -- training ----------------------------------------------------------
+    def _run_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = labels.to(self.devices[-1], non_blocking=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(
+            self.devices[-1].type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
+        ):
+            logits = self.model(inputs.to(self.devices[0], non_blocking=True))
+            loss = self.loss_fn(logits.float(), labels)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        return loss.detach() * labels.numel(), (logits.argmax(dim=1) == labels).sum()
+
+    def _run_epoch(self, epoch: int, progress) -> None:
+        self.sampler.set_epoch(epoch)
+        resume_at = self.step_in_epoch
+        loss_total = torch.zeros((), dtype=torch.float64, device=self.devices[-1])
+        correct_total = torch.zeros_like(loss_total)
+        seen = 0
+        started = time.perf_counter()
+        for index, (inputs, labels) in enumerate(self.loader):
+            if index < resume_at:  # resumed mid-epoch: these batches were already trained on
+                continue
+            crash_if_asked(self.info.rank, self.global_step)
+            loss_sum, correct = self._run_batch(inputs, labels)
+            loss_total += loss_sum  # tensors: no device sync inside the loop
+            correct_total += correct
+            seen += labels.numel()
+            self.global_step += 1
+            self.step_in_epoch = index + 1
+            if progress is not None:
+                progress.update(1)
+            if self.config.checkpoint_every and self.global_step % self.config.checkpoint_every == 0:
+                self.save()
+        # gloo cannot all-reduce AVG reliably (and never bf16): sum fp64, then divide.
+        totals = torch.stack([loss_total, correct_total, torch.tensor(float(seen), dtype=torch.float64,
+                                                                          device=loss_total.device)])
+        dist.all_reduce(totals, op=dist.ReduceOp.SUM)
+        loss_sum, correct, seen = totals.tolist()
+        self.epoch, self.step_in_epoch = epoch + 1, 0
+        if not self.config.checkpoint_every:
+            self.save()
+        if self.info.rank == 0 and seen:
+            seconds = time.perf_counter() - started
+            row = {
+                "epoch": epoch + 1,
+                "step": self.global_step,
+                "loss": round(loss_sum / seen, 6),
+                "accuracy": round(correct / seen, 4),
+                "lr": f"{self.scheduler.get_last_lr()[0]:.6g}",
+                "samples_per_s": round(seen / seconds, 1) if seconds > 0 else math.inf,
+            }
+            self.log.info(
+                f"epoch {row['epoch']}/{self.config.epochs}  loss {row['loss']:.4f}  "
+                f"accuracy {row['accuracy']:.3f}  ({row['samples_per_s']} samples/s)"
+            )
+            if progress is not None:
+                progress.set_postfix(epoch=row["epoch"], loss=row["loss"], acc=row["accuracy"])
+            append_metrics(self.output_dir / "metrics.csv", row)
+
+    def fit(self) -> None:
+        self.resume()
+        progress = None
+        if self.info.rank == 0 and self.config.progress and sys.stdout.isatty():
+            from tqdm import tqdm
+
+            total = self.config.epochs * self.config.steps_per_epoch
+            progress = tqdm(total=total, initial=self.global_step, unit="step", dynamic_ncols=True)
+        try:
+            for epoch in range(self.epoch, self.config.epochs):
+                self._run_epoch(epoch, progress)
+        finally:
+            if progress is not None:
+                progress.close()
+        if self.info.rank == 0:
+            checkpoint.save_atomic({"model": self.model.module.state_dict()}, self.output_dir / "model.pt")
+            self.log.info(f"done: {self.global_step} steps; model saved to {self.output_dir / 'model.pt'}")
+        dist.barrier()
+
+
+CRASH_VARIABLE = "DDP_CRASH_RANK1_AT_STEP"
+
+
+def crash_if_asked(rank: int, global_step: int) -> None:
+    """Fault injection for tests and drills: DDP_CRASH_RANK1_AT_STEP=S kills rank 1 before step S."""
+    at = os.environ.get(CRASH_VARIABLE)
+    if at is not None and rank == 1 and global_step == int(at):
+        print(f"rank 1: crashing at step {global_step} ({CRASH_VARIABLE}={at})", file=sys.stderr, flush=True)
+        os._exit(3)
+
+
+def append_metrics(path: Path, row: dict) -> None:
+    new = not path.exists()
+    with open(path, "a", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def write_run_record(config: Config, info: RankInfo) -> None:
+    record = {"versions": versions(), "world_size": info.world_size, "config": vars(config)}
+    path = Path(config.output_dir) / "run.json"
+    path.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+
+
+def run_rank(config: Config, info: RankInfo) -> None:
+    """Everything one rank does, from process-group start to clean-up."""
+    if not under_torchrun():
+        ignore_interrupts_in_children()
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log = rank_logger(output_dir, info.rank)
+    if config.device == "cpu":
+        # Ranks share the cores; more threads than cores only slows every rank down.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
+    if config.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    if config.device == "cuda":
+        torch.cuda.set_device(devices_for(config, info.local_rank)[0])
+    init_process_group(config, info)
+    try:
+        if info.rank == 0:
+            write_run_record(config, info)
+            log.info(
+                f"training on {info.world_size} process(es), backend {config.backend}, device {config.device}, "
+                f"output in {output_dir}"
+            )
+        Trainer(config, info, log).fit()
+    except Exception:
+        log.exception("rank failed")
+        raise
+    finally:
+        cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = from_command_line(argv, PROG)
+    if under_torchrun():  # torchrun decides the process layout, not the config
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc_per_node))
+        config = dataclasses.replace(config, nproc_per_node=local, nnodes=int(os.environ["WORLD_SIZE"]) // local)
+    try:
+        if config.resume not in ("auto", "none"):
+            checkpoint.load(Path(config.resume))  # a bad path fails here, before any rank starts
+        if under_torchrun():
+            run_rank(config, torchrun_rank())
+            return 0
+        return spawn(run_rank, config)
+    except (LaunchError, checkpoint.CheckpointError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
