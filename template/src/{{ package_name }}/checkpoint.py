@@ -56,7 +56,9 @@ def load(path: Path) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint not found: {path}") from None
     except Exception as error:  # torch raises several types for damaged files
-        raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {error})") from None
+        raise CheckpointError(
+            f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {error})"
+        ) from None
     if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
         raise CheckpointError(f"checkpoint {path} does not hold a training state (no model or global_step)")
     return state

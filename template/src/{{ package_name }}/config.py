@@ -166,8 +166,13 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--config", type=Path, default=DEFAULT_CONFIG, help="TOML settings file (default: %(default)s)")
     add("--epochs", type=_at_least_one)
-    add("--global-batch-size", "--batch-size", type=_at_least_one, dest="global_batch_size",
-        help="samples per optimizer step, summed over all ranks")
+    add(
+        "--global-batch-size",
+        "--batch-size",
+        type=_at_least_one,
+        dest="global_batch_size",
+        help="samples per optimizer step, summed over all ranks",
+    )
     add("--lr", type=float)
     add("--seed", type=int)
     add("--samples", type=_at_least_one, help="size of the synthetic data set")

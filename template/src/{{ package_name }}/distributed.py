@@ -60,7 +60,7 @@ def check_backend(config: Config, platform: str = sys.platform) -> None:
     if config.backend == "nccl" and platform == "win32":
         raise LaunchError(
             "backend=nccl is not available on Windows (PyTorch never builds NCCL there); "
-            "use --backend gloo or set backend = \"gloo\" in configs/train.toml"
+            'use --backend gloo or set backend = "gloo" in configs/train.toml'
         )
     if config.backend == "nccl" and not dist.is_nccl_available():
         raise LaunchError("this torch build has no NCCL; use --backend gloo")

@@ -71,32 +71,53 @@ def compare(config: Config) -> list[Finding]:
     )
     installed_version = torch.__version__.split("+")[0]
     if wanted.get("torch_version") and installed_version != wanted["torch_version"]:
-        found.append(Finding("warn", f"torch {installed_version} is installed, the project pins "
-                                     f"{wanted['torch_version']}; fix: {reinstall}"))
+        found.append(
+            Finding(
+                "warn",
+                f"torch {installed_version} is installed, the project pins {wanted['torch_version']}; fix: {reinstall}",
+            )
+        )
     have_tag = cuda_tag()
     if wanted.get("cuda") and have_tag != wanted["cuda"]:
         level = "FAIL" if wanted["cuda"] != "cpu" and have_tag == "cpu" else "warn"
-        found.append(Finding(level, f"torch is a {have_tag} build, the project wants {wanted['cuda']}; fix: {reinstall}"))
+        found.append(
+            Finding(level, f"torch is a {have_tag} build, the project wants {wanted['cuda']}; fix: {reinstall}")
+        )
     want_python = wanted.get("python_version")
     if want_python and platform.python_version().rsplit(".", 1)[0] != want_python:
-        found.append(Finding("warn", f"Python {platform.python_version()} runs this, the project pins {want_python}; "
-                                     "fix: conda env update -f environment.yml --prune, then conda activate it"))
+        found.append(
+            Finding(
+                "warn",
+                f"Python {platform.python_version()} runs this, the project pins {want_python}; "
+                "fix: conda env update -f environment.yml --prune, then conda activate it",
+            )
+        )
     if config.device == "cuda":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         needed = config.nproc_per_node * (2 if config.parallelism == "ddp_model_parallel" else 1)
         if gpus < needed:
-            found.append(Finding("FAIL", f"{needed} GPU(s) needed for {config.nproc_per_node} process(es), {gpus} "
-                                         "visible; fix: install the CUDA build above, check nvidia-smi, or train "
-                                         f"with fewer: {_train()} --nproc-per-node {max(gpus, 1)}"
-                                         + ("" if gpus else " --device cpu --backend gloo")))
+            found.append(
+                Finding(
+                    "FAIL",
+                    f"{needed} GPU(s) needed for {config.nproc_per_node} process(es), {gpus} "
+                    "visible; fix: install the CUDA build above, check nvidia-smi, or train "
+                    f"with fewer: {_train()} --nproc-per-node {max(gpus, 1)}"
+                    + ("" if gpus else " --device cpu --backend gloo"),
+                )
+            )
     if config.backend == "nccl" and not dist.is_nccl_available():
         found.append(Finding("FAIL", f"backend nccl is not in this torch build; fix: {_train()} --backend gloo"))
     if config.backend == "gloo" and not dist.is_gloo_available():
         found.append(Finding("FAIL", "backend gloo is not in this torch build; fix: " + reinstall))
     if sys.platform == "win32" and installed_version.startswith(("2.8.", "2.9.")):
-        found.append(Finding("FAIL", f"torch {installed_version} on Windows cannot start gloo "
-                                     "(makeDeviceForHostname(): unsupported gloo device); fix: "
-                                     "pin torch 2.7.1 or >= 2.10 in environment.yml and run scripts\\setup_env.bat"))
+        found.append(
+            Finding(
+                "FAIL",
+                f"torch {installed_version} on Windows cannot start gloo "
+                "(makeDeviceForHostname(): unsupported gloo device); fix: "
+                "pin torch 2.7.1 or >= 2.10 in environment.yml and run scripts\\setup_env.bat",
+            )
+        )
     if config.node_rank == 0:
         try:
             check_port_free(config.master_addr, config.master_port)

@@ -137,7 +137,9 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         torch.set_rng_state(state["torch_rng"])
         self.epoch, self.step_in_epoch, self.global_step = (
-            state["epoch"], state["step_in_epoch"], state["global_step"]
+            state["epoch"],
+            state["step_in_epoch"],
+            state["global_step"],
         )
 
     def resume(self) -> None:
@@ -199,8 +201,9 @@ class Trainer:
             if self.config.checkpoint_every and self.global_step % self.config.checkpoint_every == 0:
                 self.save()
         # gloo cannot all-reduce AVG reliably (and never bf16): sum fp64, then divide.
-        totals = torch.stack([loss_total, correct_total, torch.tensor(float(seen), dtype=torch.float64,
-                                                                          device=loss_total.device)])
+        totals = torch.stack(
+            [loss_total, correct_total, torch.tensor(float(seen), dtype=torch.float64, device=loss_total.device)]
+        )
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         loss_sum, correct, seen = totals.tolist()
         self.epoch, self.step_in_epoch = epoch + 1, 0
