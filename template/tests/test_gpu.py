@@ -1,6 +1,7 @@
 """GPU runs; each skips with its reason on machines without enough CUDA GPUs."""
 
 import pytest
+
 from conftest import RENDERED_BACKEND, assert_ok, final_parameters, requires_gpus, train
 
 GPU_RUNS = [

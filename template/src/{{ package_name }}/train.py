@@ -290,12 +290,11 @@ def run_rank(config: Config, info: RankInfo) -> None:
         torch.cuda.set_device(devices_for(config, info.local_rank)[0])
     init_process_group(config, info)
     try:
+        devices = ", ".join(str(d) for d in devices_for(config, info.local_rank))
+        log.info(f"rank {info.rank} of {info.world_size} started on {devices} (backend {config.backend})")
         if info.rank == 0:
             write_run_record(config, info)
-            log.info(
-                f"training on {info.world_size} process(es), backend {config.backend}, device {config.device}, "
-                f"output in {output_dir}"
-            )
+            log.info(f"output in {output_dir}")
         Trainer(config, info, log).fit()
     except Exception:
         log.exception("rank failed")
