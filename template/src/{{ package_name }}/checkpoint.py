@@ -56,8 +56,9 @@ def load(path: Path) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint not found: {path}") from None
     except Exception as error:  # torch raises several types for damaged files
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise CheckpointError(
-            f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {error})"
+            f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
         ) from None
     if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
         raise CheckpointError(f"checkpoint {path} does not hold a training state (no model or global_step)")

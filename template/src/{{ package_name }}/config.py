@@ -27,31 +27,33 @@ class ConfigError(ValueError):
 
 @dataclass
 class Config:
+    """Every field comes from configs/train.toml (the one place defaults live), then flags."""
+
     # [train]
-    epochs: int = 5
-    global_batch_size: int = 64
-    lr: float = 0.05
-    momentum: float = 0.9
-    seed: int = 0
-    samples: int = 2048
-    num_workers: int = 0
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 3
-    output_dir: str = "outputs"
-    resume: str = "auto"
-    precision: str = "no"
-    parallelism: str = "ddp"
-    deterministic: bool = False
-    progress: bool = True
+    epochs: int
+    global_batch_size: int
+    lr: float
+    momentum: float
+    seed: int
+    samples: int
+    num_workers: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    output_dir: str
+    resume: str
+    precision: str
+    parallelism: str
+    deterministic: bool
+    progress: bool
     # [distributed]
-    backend: str = "gloo"
-    device: str = "cpu"
-    nproc_per_node: int = 2
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    timeout_s: int = 300
+    backend: str
+    device: str
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    timeout_s: int
     # [environment]: what the project was rendered for; read by the doctor.
     environment: dict = field(default_factory=dict)
 
@@ -110,6 +112,7 @@ class Config:
 
 
 _SECTIONS = ("train", "distributed")
+_TOML_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,)}
 
 
 def load(path: Path) -> Config:
@@ -130,10 +133,14 @@ def load(path: Path) -> Config:
             values[key] = value
     if data:
         raise ConfigError(f"{path}: unknown section(s) {', '.join(sorted(data))}; expected {', '.join(_SECTIONS)}")
-    try:
-        return Config(**values)
-    except TypeError as error:
-        raise ConfigError(f"{path}: {error}") from None
+    for name, value in values.items():
+        expected = _TOML_TYPES.get(known[name].type)
+        if expected and (not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected)):
+            raise ConfigError(f"{path}: {name} must be {known[name].type}, got {value!r}")
+    missing = [name for name in known if name not in values]
+    if missing:
+        raise ConfigError(f"{path}: missing setting(s) {', '.join(missing)}; copy them from the template's train.toml")
+    return Config(**values)
 
 
 def _positive_or_zero(text: str) -> int:

@@ -49,7 +49,7 @@ PROG = f"python -m {__package__}.train"
 def versions() -> dict:
     return {
         "package": __version__,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda or "cpu",
         "python": platform.python_version(),
         "os": platform.platform(),
