@@ -1,0 +1,118 @@
+"""Fixtures for the template's own tests: renders, and Wine's cmd.exe with a recording stand-in."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from render import ANSWER_SETS, render
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def rendered(tmp_path_factory):
+    """Each named answer set, rendered once per test session, into a path with a space in it."""
+    cache: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in cache:
+            destination = tmp_path_factory.mktemp("renders") / f"my project {name}"
+            render(destination, ANSWER_SETS[name])
+            cache[name] = destination
+        return cache[name]
+
+    return get
+
+
+def needed_tool(name: str) -> str:
+    """Path of a tool the Windows tests need; CI must have it (.ci/run installs it), a laptop may not."""
+    found = shutil.which(name)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is missing on CI; .ci/run installs wine64 and mingw-w64")
+        pytest.skip(f"{name} is not installed (apt-get install wine64 mingw-w64)")
+    return found
+
+
+def windows_path(path: Path) -> str:
+    """Wine maps the Linux root to drive Z:."""
+    return "Z:" + str(path).replace("/", "\\")
+
+
+@dataclass
+class CmdRun:
+    stdout: str
+    launcher_exit: int | None
+    records: list[str]
+
+    def args(self, program: str) -> list[str]:
+        prefix = f"{program} arg "
+        return [line[len(prefix) :] for line in self.records if line.startswith(prefix)]
+
+    def env(self, program: str) -> dict[str, str]:
+        prefix = f"{program} env "
+        pairs = (line[len(prefix) :].split("=", 1) for line in self.records if line.startswith(prefix))
+        return dict(pairs)
+
+    def programs(self) -> list[str]:
+        return [line.split()[0] for line in self.records if line.endswith(" start")]
+
+
+class WineCmd:
+    """Runs batch files under Wine's real cmd.exe, with python.exe and conda.exe replaced by the stand-in."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.bin = workdir / "bin"
+        self.bin.mkdir()
+        compiler = needed_tool("x86_64-w64-mingw32-gcc")
+        needed_tool("wine")
+        subprocess.run(
+            [compiler, "-O1", "-Wall", "-o", str(self.bin / "python.exe"), str(HERE / "standin" / "standin.c")],
+            check=True,
+        )
+        shutil.copy(self.bin / "python.exe", self.bin / "conda.exe")
+        self.env = {
+            **os.environ,
+            "WINEDEBUG": "-all",
+            "WINEPREFIX": str(workdir / "prefix"),
+            "WINEDLLOVERRIDES": "mscoree,mshtml=",  # no Mono/Gecko install prompts
+        }
+        self.runs = 0
+
+    def run(self, command: str, exits: dict[str, int] | None = None, path_has_standins: bool = True) -> CmdRun:
+        """Run one command line from a driver .bat (Wine re-quotes arguments typed on the Linux side).
+
+        The launcher runs under `cmd /c`, whose exit status is the launcher's own `exit /b` code;
+        the driver echoes it (Wine's `call` would report 1 for any non-zero code).
+        """
+        self.runs += 1
+        log = self.workdir / f"record-{self.runs}.txt"
+        lines = ["@echo off"]
+        if path_has_standins:
+            lines.append(f'set "PATH={windows_path(self.bin)};%PATH%"')
+        lines.append(f'set "STANDIN_LOG={windows_path(log)}"')
+        for program, code in (exits or {}).items():
+            lines.append(f'set "STANDIN_EXIT_{program.upper()}={code}"')
+        # The outer quotes keep cmd /c from stripping the quotes of a quoted script path.
+        lines += [f'cmd /c "{command}"', "echo LAUNCHER_EXIT=%ERRORLEVEL%"]
+        driver = self.workdir / f"driver-{self.runs}.bat"
+        driver.write_bytes(("\r\n".join(lines) + "\r\n").encode("ascii"))
+        result = subprocess.run(
+            ["wine", "cmd", "/c", windows_path(driver)],
+            capture_output=True, text=True, env=self.env, timeout=120,
+        )
+        exit_lines = [line for line in result.stdout.splitlines() if line.startswith("LAUNCHER_EXIT=")]
+        records = log.read_text(encoding="ascii").splitlines() if log.exists() else []
+        return CmdRun(result.stdout, int(exit_lines[-1].split("=")[1]) if exit_lines else None, records)
+
+
+@pytest.fixture(scope="session")
+def wine_cmd(tmp_path_factory):
+    return WineCmd(tmp_path_factory.mktemp("wine"))

@@ -1,0 +1,49 @@
+"""Render the template with copier's API; shared by the template's tests and noxfile.py.
+
+    python tests/render.py NAME DESTINATION    renders one named answer set
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import copier
+
+TEMPLATE = Path(__file__).resolve().parents[1]
+
+# Named answer sets: each is what a user would type on top of the defaults.
+ANSWER_SETS: dict[str, dict] = {
+    "windows-cpu-default": {},
+    "linux-torchrun": {"target_os": "linux", "launcher": "torchrun", "project_name": "linux-ddp"},
+    "windows-2gpu-cu126": {"gpus_per_node": 2, "cuda": "cu126", "master_port": 29650},
+    "both-os-bf16": {"target_os": "both", "mixed_precision": "bf16", "package_name": "trainer"},
+    "model-parallel-linux-4gpu": {
+        "target_os": "linux",
+        "gpus_per_node": 4,
+        "parallelism": "ddp_model_parallel",
+        "cuda": "cu130",
+        "backend": "nccl",
+        "mixed_precision": "fp16",
+    },
+}
+
+
+def render(destination: Path, answers: dict | None = None, **options) -> copier.Worker:
+    """Render the working tree (vcs_ref HEAD, uncommitted changes included) without --trust."""
+    return copier.run_copy(
+        str(TEMPLATE),
+        str(destination),
+        data=answers or {},
+        defaults=True,
+        vcs_ref="HEAD",
+        unsafe=False,
+        quiet=True,
+        **options,
+    )
+
+
+if __name__ == "__main__":
+    name, destination = sys.argv[1], Path(sys.argv[2])
+    render(destination, ANSWER_SETS[name])
+    print(f"rendered {name} into {destination}")
