@@ -107,7 +107,7 @@ class Config:
         if self.backend == "nccl" and self.device != "cuda":
             found.append("backend=nccl needs device=cuda; use backend=gloo on the CPU")
         if self.master_addr.lower() == "localhost":
-            found.append("master_addr=localhost can resolve to IPv6 or a Docker hosts entry; use 127.0.0.1")
+            found.append('master_addr "localhost" can resolve to IPv6 or a Docker hosts entry; use 127.0.0.1')
         return found
 
 

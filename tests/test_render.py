@@ -1,0 +1,117 @@
+"""What a render contains: the files, their line endings, the pins, and none of the seed's bugs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import yaml
+
+from render import ANSWER_SETS, TEMPLATE
+
+REQUIRED = [
+    "environment.yml", "pyproject.toml", ".gitattributes", ".copier-answers.yml", "configs/train.toml",
+    "scripts/train.bat", "scripts/train.ps1", "scripts/train.sh", "scripts/setup_env.bat", "scripts/setup_env.ps1",
+    "README.md", "tests/conftest.py", "tests/test_ddp.py", ".github/workflows/ci.yml",
+]  # fmt: skip
+PACKAGE_MODULES = ["__init__", "model", "data", "distributed", "train", "checkpoint", "config", "doctor"]
+COMPUTED = ["dist_backend", "world_size", "torch_index_url", "torch_pin", "support_matrix", "torch_series"]
+
+
+def answers_of(project):
+    return yaml.safe_load((project / ".copier-answers.yml").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", ANSWER_SETS)
+def test_render_has_every_file(rendered, name):
+    project = rendered(name)
+    package = answers_of(project)["package_name"]
+    missing = [path for path in REQUIRED if not (project / path).is_file()]
+    missing += [m for m in PACKAGE_MODULES if not (project / "src" / package / f"{m}.py").is_file()]
+    assert missing == []
+
+
+@pytest.mark.parametrize("name", ANSWER_SETS)
+def test_windows_scripts_are_crlf_ascii_and_shell_scripts_lf(rendered, name):
+    scripts = rendered(name) / "scripts"
+    for script in ("train.bat", "setup_env.bat", "train.ps1", "setup_env.ps1"):
+        data = (scripts / script).read_bytes()
+        data.decode("ascii")  # cmd.exe and PowerShell 5.1 read these in the ANSI code page
+        assert data.count(b"\n") == data.count(b"\r\n") > 3, script
+        assert data.endswith(b"\r\n"), script
+    shell = (scripts / "train.sh").read_bytes()
+    assert b"\r" not in shell
+    assert os.access(scripts / "train.sh", os.X_OK)
+    gitattributes = (rendered(name) / ".gitattributes").read_text(encoding="utf-8")
+    for pattern in ("*.bat text eol=crlf", "*.cmd text eol=crlf", "*.ps1 text eol=crlf"):
+        assert pattern in gitattributes
+
+
+@pytest.mark.parametrize("name", ANSWER_SETS)
+def test_environment_pins_torch_from_the_wheel_index_of_its_tag(rendered, name):
+    project = rendered(name)
+    answers = answers_of(project)
+    environment = yaml.safe_load((project / "environment.yml").read_text(encoding="utf-8"))
+    assert environment["name"] == answers["project_name"]
+    assert f"python={answers['python_version']}" in environment["dependencies"]
+    pip = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
+    tag = answers["cuda"]
+    assert pip[0] == f"--extra-index-url https://download.pytorch.org/whl/{tag}"
+    assert f"torch=={answers['torch_version']}+{tag}" in pip
+    assert "numpy" in pip and "-e .[test]" in pip
+
+
+@pytest.mark.parametrize("name", ANSWER_SETS)
+def test_answers_file_holds_answers_and_config_holds_the_derived_values(rendered, name):
+    project = rendered(name)
+    answers = answers_of(project)
+    assert not set(COMPUTED) & answers.keys()
+    assert {**{k: answers[k] for k in ANSWER_SETS[name]}} == ANSWER_SETS[name]
+    config = tomllib.loads((project / "configs" / "train.toml").read_text(encoding="utf-8"))
+    distributed = config["distributed"]
+    assert distributed["nproc_per_node"] == answers["nproc_per_node"]
+    assert distributed["master_port"] == answers["master_port"]
+    assert distributed["device"] == ("cuda" if answers["gpus_per_node"] else "cpu")
+    linux_gpu = answers["target_os"] == "linux" and answers["gpus_per_node"] > 0
+    expected_backend = "nccl" if answers["backend"] == "nccl" or (answers["backend"] == "auto" and linux_gpu) else "gloo"
+    assert distributed["backend"] == expected_backend
+    assert config["train"]["precision"] == answers["mixed_precision"]
+
+
+SEED_BUGS = {
+    "torch.distributed.launch": re.compile(r"torch\.distributed\.launch\b"),
+    "log_softmax into CrossEntropyLoss": re.compile(r"log_softmax"),
+    "_identity hacks": re.compile(r"_identity"),
+    "localhost as an address": re.compile(r"""(MASTER_ADDR|master_addr)\s*[=:]\s*["']?localhost"""),
+    "training after mp.spawn in the parent": re.compile(r"mp\.spawn\([^)]*\)\s*\n\s*\w+\(model"),
+}
+
+
+@pytest.mark.parametrize("name", ANSWER_SETS)
+def test_none_of_the_seed_bugs_reappear(rendered, name):
+    project = rendered(name)
+    found = []
+    for path in project.rglob("*"):
+        if path.is_file() and path.suffix in {".py", ".bat", ".ps1", ".sh", ".toml", ".yml"}:
+            text = path.read_text(encoding="utf-8")
+            found += [f"{path.name}: {bug}" for bug, pattern in SEED_BUGS.items() if pattern.search(text)]
+    assert found == []
+    requirements = (project / "environment.yml").read_text(encoding="utf-8") + (project / "pyproject.toml").read_text(
+        encoding="utf-8"
+    )
+    assert re.findall(r"torch[-_]directml|pytorch-gpu|torch-cuda", requirements) == []  # no made-up packages
+
+
+def test_copier_cli_renders_the_defaults_without_trust(tmp_path):
+    destination = tmp_path / "p"
+    result = subprocess.run(
+        [sys.executable, "-m", "copier", "copy", "--defaults", "--vcs-ref", "HEAD", str(TEMPLATE), str(destination)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (destination / "scripts" / "train.bat").is_file()
+    assert "--trust" not in result.stderr
