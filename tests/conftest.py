@@ -106,7 +106,10 @@ class WineCmd:
         driver.write_bytes(("\r\n".join(lines) + "\r\n").encode("ascii"))
         result = subprocess.run(
             ["wine", "cmd", "/c", windows_path(driver)],
-            capture_output=True, text=True, env=self.env, timeout=120,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=120,
         )
         exit_lines = [line for line in result.stdout.splitlines() if line.startswith("LAUNCHER_EXIT=")]
         records = log.read_text(encoding="ascii").splitlines() if log.exists() else []

@@ -99,7 +99,7 @@ def test_train_ps1_mirrors_train_bat(rendered, name):
         "NprocPerNode": str(answers["nproc_per_node"]),
         "MasterPort": str(answers["master_port"]),
     }
-    assert f"python -m {answers['package_name']}.train --config \"$PSScriptRoot\\..\\configs\\train.toml\"" in ps1
+    assert f'python -m {answers["package_name"]}.train --config "$PSScriptRoot\\..\\configs\\train.toml"' in ps1
     assert "--nproc-per-node $NprocPerNode --master-port $MasterPort @args" in ps1
     assert "$ErrorActionPreference = 'Stop'" in ps1
     assert ps1.rstrip().endswith("exit $LASTEXITCODE")

@@ -40,7 +40,11 @@ REFUSED = {
     "torch-malformed": ({"torch_version": "2.13"}, "must look like 2.13.0", "three numbers"),
     "python-without-wheels": ({"python_version": "3.9"}, "no wheels for Python 3.9", "pick one of 3.10, 3.11"),
     "package-with-dash": ({"package_name": "my-pkg"}, "not a valid Python package name", "for example my_ddp"),
-    "package-with-digit-first": ({"package_name": "1st"}, "not a valid Python package name", "not starting with a digit"),
+    "package-with-digit-first": (
+        {"package_name": "1st"},
+        "not a valid Python package name",
+        "not starting with a digit",
+    ),
     "package-is-keyword": ({"package_name": "class"}, "is a Python keyword", "class_ddp"),
     "package-shadows-torch": ({"package_name": "torch"}, "would shadow an installed module", "my_torch"),
     "port-too-low": ({"master_port": 80}, "between 1024 and 65535, got 80", "29500"),

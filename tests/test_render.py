@@ -77,7 +77,9 @@ def test_answers_file_holds_answers_and_config_holds_the_derived_values(rendered
     assert distributed["master_port"] == answers["master_port"]
     assert distributed["device"] == ("cuda" if answers["gpus_per_node"] else "cpu")
     linux_gpu = answers["target_os"] == "linux" and answers["gpus_per_node"] > 0
-    expected_backend = "nccl" if answers["backend"] == "nccl" or (answers["backend"] == "auto" and linux_gpu) else "gloo"
+    expected_backend = (
+        "nccl" if answers["backend"] == "nccl" or (answers["backend"] == "auto" and linux_gpu) else "gloo"
+    )
     assert distributed["backend"] == expected_backend
     assert config["train"]["precision"] == answers["mixed_precision"]
 
@@ -110,7 +112,9 @@ def test_copier_cli_renders_the_defaults_without_trust(tmp_path):
     destination = tmp_path / "p"
     result = subprocess.run(
         [sys.executable, "-m", "copier", "copy", "--defaults", "--vcs-ref", "HEAD", str(TEMPLATE), str(destination)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert (destination / "scripts" / "train.bat").is_file()
