@@ -51,7 +51,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The template's own tests: questionnaire, render contents, line endings, launchers under Wine."""
-    session.install(COPIER, "pytest", "pyyaml")
+    session.install(COPIER, "pytest", "pyyaml", "tomli; python_version < '3.11'")
     session.run("pytest", "-q", *session.posargs)
 
 
