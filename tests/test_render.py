@@ -49,7 +49,7 @@ def test_windows_scripts_are_crlf_ascii_and_shell_scripts_lf(rendered, name):
         assert data.endswith(b"\r\n"), script
     shell = (scripts / "train.sh").read_bytes()
     assert b"\r" not in shell
-    assert os.access(scripts / "train.sh", os.X_OK)
+    assert sys.platform == "win32" or os.access(scripts / "train.sh", os.X_OK)
     gitattributes = (rendered(name) / ".gitattributes").read_text(encoding="utf-8")
     for pattern in ("*.bat text eol=crlf", "*.cmd text eol=crlf", "*.ps1 text eol=crlf"):
         assert pattern in gitattributes
