@@ -54,6 +54,7 @@ class Config:
     master_addr: str
     master_port: int
     timeout_s: int
+    max_restarts: int
     # [environment]: what the project was rendered for; read by the doctor.
     environment: dict = field(default_factory=dict)
 
@@ -75,7 +76,7 @@ class Config:
         for name in ("epochs", "global_batch_size", "samples", "nproc_per_node", "nnodes", "timeout_s"):
             if getattr(self, name) < 1:
                 found.append(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("num_workers", "checkpoint_every", "node_rank"):
+        for name in ("num_workers", "checkpoint_every", "node_rank", "max_restarts"):
             if getattr(self, name) < 0:
                 found.append(f"{name} must be 0 or more, got {getattr(self, name)}")
         if self.keep_checkpoints < 1:
@@ -200,6 +201,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add("--master-addr")
     add("--master-port", type=_port)
     add("--timeout-s", type=_at_least_one, help="seconds a collective may wait for a peer")
+    add("--max-restarts", type=_positive_or_zero, help="restart all ranks from the newest checkpoint after a failure")
     return parser
 
 

@@ -14,6 +14,7 @@ Windows facts encoded here (docs/troubleshooting.md in the template explains eac
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import signal
@@ -107,13 +108,24 @@ def devices_for(config: Config, local_rank: int) -> tuple[torch.device, ...]:
 
 
 def init_process_group(config: Config, info: RankInfo) -> None:
-    dist.init_process_group(
-        backend=config.backend,
-        init_method="env://",
-        rank=info.rank,
-        world_size=info.world_size,
-        timeout=datetime.timedelta(seconds=config.timeout_s),
-    )
+    """Join the process group, or fail with a message that says what to check, after timeout_s."""
+    address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    try:
+        dist.init_process_group(
+            backend=config.backend,
+            init_method="env://",
+            rank=info.rank,
+            world_size=info.world_size,
+            timeout=datetime.timedelta(seconds=config.timeout_s),
+        )
+    except (RuntimeError, TimeoutError, ValueError) as error:
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise LaunchError(
+            f"rank {info.rank}: the {info.world_size} ranks did not all meet at {address} within "
+            f"{config.timeout_s}s ({first_line}). Start every node with the same --nnodes, --master-addr "
+            "and --master-port; check that node 0 is reachable through its firewall; on machines with several "
+            "network interfaces set GLOO_SOCKET_IFNAME to the interface name (e.g. Ethernet)"
+        ) from error
 
 
 def cleanup() -> None:
@@ -139,33 +151,78 @@ def torchrun_rank() -> RankInfo:
     )
 
 
+RESTART_VARIABLE = "DDP_RESTART_COUNT"  # the spawn path's twin of torchrun's TORCHELASTIC_RESTART_COUNT
+INTERRUPTED = 130  # the shell convention for Ctrl+C
+
+
+def restart_count() -> int:
+    """How many times the ranks have been restarted in this job (0 on the first start)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get(RESTART_VARIABLE, "0")))
+
+
+class _Terminated(Exception):
+    """SIGTERM reached the launcher (a CI cancel, a scheduler): stop the ranks like Ctrl+C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise _Terminated
+
+
 def spawn(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
     """Start config.nproc_per_node ranks on this machine and wait for all of them.
 
     Returns the exit status for the whole job: 0 when every rank finished,
     otherwise non-zero. When one rank fails, the others are stopped, so the
-    job never hangs on a dead peer; Ctrl+C stops every rank as well.
+    job never hangs on a dead peer; with max_restarts > 0 all ranks are then
+    started again and resume from the newest checkpoint. Ctrl+C (or SIGTERM)
+    stops every rank and returns 130.
     """
     check_backend(config)
     os.environ.update(rendezvous_environment(config))
-    if config.node_rank == 0:
-        check_port_free(config.master_addr, config.master_port)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        for attempt in range(config.max_restarts + 1):
+            os.environ[RESTART_VARIABLE] = str(attempt)
+            if attempt:
+                print(
+                    f"restarting all ranks from the newest checkpoint (restart {attempt} of {config.max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                config = dataclasses.replace(config, resume="auto")
+            if config.node_rank == 0:
+                check_port_free(config.master_addr, config.master_port)
+            status = _run_ranks(worker, config)
+            if status in (0, INTERRUPTED):
+                return status
+        return status
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_ranks(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
     context = mp.start_processes(
         _spawned_rank, args=(worker, config), nprocs=config.nproc_per_node, join=False, start_method="spawn"
     )
     try:
         while not context.join():
             pass
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, _Terminated):
         _stop(context.processes)
-        return 130
+        print("interrupted: every rank was stopped", file=sys.stderr, flush=True)
+        return INTERRUPTED
     except mp.ProcessRaisedException as failure:
         _stop(context.processes)
-        print(f"error: rank {failure.error_index} failed:\n{failure}", file=sys.stderr)
+        reason = [line for line in str(failure).splitlines() if line.strip()][-1]
+        print(
+            f"error: rank {failure.error_index} failed: {reason} (details: logs/rank*.log in the output dir)",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     except mp.ProcessExitedException as failure:
         _stop(context.processes)
-        print(f"error: rank {failure.error_index} exited with code {failure.exit_code}", file=sys.stderr)
+        print(f"error: rank {failure.error_index} exited with code {failure.exit_code}", file=sys.stderr, flush=True)
         return failure.exit_code if failure.exit_code and failure.exit_code > 0 else 1
     return 0
 

@@ -17,10 +17,13 @@ import logging
 import math
 import os
 import platform
+import random
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -37,6 +40,7 @@ from .distributed import (
     devices_for,
     ignore_interrupts_in_children,
     init_process_group,
+    restart_count,
     spawn,
     torchrun_rank,
     under_torchrun,
@@ -87,6 +91,7 @@ class Trainer:
 
         torch.manual_seed(config.seed)  # same initial weights on every rank
         model = build(config.parallelism, self.devices)
+        seed_rank(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
         # A model that spans two devices must be wrapped without device_ids.
         single_gpu = len(self.devices) == 1 and self.devices[0].type == "cuda"
         self.model = DistributedDataParallel(model, device_ids=[self.devices[0]] if single_gpu else None)
@@ -108,6 +113,10 @@ class Trainer:
             sampler=self.sampler,
             num_workers=config.num_workers,
             persistent_workers=config.num_workers > 0,
+            # Windows only has spawn; using it everywhere keeps Linux runs identical to Windows ones.
+            multiprocessing_context="spawn" if config.num_workers > 0 else None,
+            worker_init_fn=seed_worker,
+            generator=torch.Generator().manual_seed(config.seed + info.rank),
             pin_memory=self.devices[0].type == "cuda",
             drop_last=True,
         )
@@ -122,7 +131,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
+            "rng": self.gathered_rng_states(),
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "global_step": self.global_step,
@@ -135,12 +144,25 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-        torch.set_rng_state(state["torch_rng"])
+        states = state["rng"]
+        if len(states) == self.info.world_size:
+            set_rng_state(states[self.info.rank])
+        else:
+            self.log.warning(
+                f"checkpoint holds RNG states of {len(states)} ranks, this job has "
+                f"{self.info.world_size}: random streams restart from the seed"
+            )
         self.epoch, self.step_in_epoch, self.global_step = (
             state["epoch"],
             state["step_in_epoch"],
             state["global_step"],
         )
+
+    def gathered_rng_states(self) -> list[dict]:
+        """Every rank's RNG state, in rank order (a collective: all ranks call it)."""
+        states: list = [None] * self.info.world_size
+        dist.all_gather_object(states, rng_state())
+        return states
 
     def resume(self) -> None:
         choice = self.config.resume
@@ -159,8 +181,9 @@ class Trainer:
 
     def save(self) -> None:
         """Rank 0 writes; everyone waits so no rank runs ahead of a checkpoint."""
+        state = self.state()  # every rank takes part: it gathers all RNG states
         if self.info.rank == 0:
-            checkpoint.save_atomic(self.state(), checkpoint.path_for(self.output_dir, self.global_step))
+            checkpoint.save_atomic(state, checkpoint.path_for(self.output_dir, self.global_step))
             checkpoint.prune(self.output_dir, self.config.keep_checkpoints)
         dist.barrier()
 
@@ -247,13 +270,56 @@ class Trainer:
         dist.barrier()
 
 
+def seed_rank(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def seed_worker(worker_id: int) -> None:
+    """DataLoader workers: python and numpy follow the worker's torch seed (set from the loader's generator)."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def rng_state() -> dict:
+    """This process's random streams as tensors and plain values (loadable with weights_only=True)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in state["python"]))
+    numpy = state["numpy"]
+    np.random.set_state(
+        ("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"], numpy["cached"])
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 CRASH_VARIABLE = "DDP_CRASH_RANK1_AT_STEP"
 
 
 def crash_if_asked(rank: int, global_step: int) -> None:
-    """Fault injection for tests and drills: DDP_CRASH_RANK1_AT_STEP=S kills rank 1 before step S."""
+    """Fault injection for tests and drills: DDP_CRASH_RANK1_AT_STEP=S kills rank 1 before step S,
+    on the first start only, so a restarted job can get past it."""
     at = os.environ.get(CRASH_VARIABLE)
-    if at is not None and rank == 1 and global_step == int(at):
+    if at is not None and rank == 1 and global_step == int(at) and restart_count() == 0:
         print(f"rank 1: crashing at step {global_step} ({CRASH_VARIABLE}={at})", file=sys.stderr, flush=True)
         os._exit(3)
 
@@ -267,8 +333,24 @@ def append_metrics(path: Path, row: dict) -> None:
         writer.writerow(row)
 
 
+def git_commit() -> str | None:
+    try:
+        found = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
 def write_run_record(config: Config, info: RankInfo) -> None:
-    record = {"versions": versions(), "world_size": info.world_size, "config": vars(config)}
+    answers_file = Path(__file__).resolve().parents[2] / ".copier-answers.yml"
+    record = {
+        "versions": versions(),
+        "git_commit": git_commit(),
+        "world_size": info.world_size,
+        "restart": restart_count(),
+        "config": vars(config),
+        "answers": answers_file.read_text(encoding="utf-8") if answers_file.exists() else None,
+    }
     path = Path(config.output_dir) / "run.json"
     path.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
 
@@ -291,7 +373,9 @@ def run_rank(config: Config, info: RankInfo) -> None:
     init_process_group(config, info)
     try:
         devices = ", ".join(str(d) for d in devices_for(config, info.local_rank))
-        log.info(f"rank {info.rank} of {info.world_size} started on {devices} (backend {config.backend})")
+        log.info(
+            f"rank {info.rank} of {info.world_size} started on {devices} (backend {config.backend}, pid {os.getpid()})"
+        )
         if info.rank == 0:
             write_run_record(config, info)
             log.info(f"output in {output_dir}")
