@@ -21,7 +21,7 @@ TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 TORCH_INDEX_URL = os.environ.get("TORCH_INDEX_URL")
 COPIER = "copier>=9.0"
 
-nox.options.sessions = ["lint", "tests", "render_and_test"]
+nox.options.sessions = ["lint", "tests", "update", "render_and_test"]
 # pip, not uv: pip finds the local CPU torch wheel on machines that ship one.
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
@@ -52,7 +52,15 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The template's own tests: questionnaire, render contents, line endings, launchers under Wine."""
     session.install(COPIER, "pytest", "pyyaml", "tomli; python_version < '3.11'")
-    session.run("pytest", "-q", *session.posargs)
+    session.run("pytest", "-q", "-m", "not update", *session.posargs)
+
+
+@nox.session
+def update(session: nox.Session) -> None:
+    """copier update from a tagged older template version: edits survive, conflicts are reported."""
+    session.install(COPIER, "pytest", "pyyaml")
+    install_torch(session)  # the updated project's own tests run too
+    session.run("pytest", "-q", "-m", "update", *session.posargs)
 
 
 @nox.session
@@ -66,7 +74,7 @@ def render_and_test(session: nox.Session, answer_set: str) -> None:
     # The render sits under .nox/, which this repository's .gitignore hides from ruff by default.
     session.run("ruff", "check", "--no-respect-gitignore", ".")
     session.run("ruff", "format", "--no-respect-gitignore", "--check", ".")
-    session.install("-e", ".[test]")
+    session.install("-e", ".[test,plot]")
     session.run("python", "-m", "pytest", "-q", *session.posargs)
 
 

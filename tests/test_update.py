@@ -1,0 +1,181 @@
+"""`copier update` from a real older template version, in hermetic git repositories.
+
+The template's working tree is committed and tagged v1 in a temporary repository; a realistic
+change (a launcher line, a new file, a new default) becomes v2. Projects are generated at v1
+and updated to v2 as a user would. Marked `update`: `nox -s update` runs these.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import copier
+import pytest
+
+from render import TEMPLATE
+
+pytestmark = pytest.mark.update
+
+
+def git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+@pytest.fixture(autouse=True)
+def hermetic_git(tmp_path, monkeypatch):
+    config = tmp_path / "gitconfig"
+    config.write_text(
+        "[user]\n\tname = Test\n\temail = test@example.invalid\n[core]\n\tautocrlf = input\n"
+        "[init]\n\tdefaultBranch = main\n[commit]\n\tgpgsign = false\n",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    settings = tmp_path / "copier-settings.yml"
+    settings.write_text("{}\n", encoding="utf-8")
+    monkeypatch.setenv("COPIER_SETTINGS_PATH", str(settings))
+    return config
+
+
+@pytest.fixture
+def versions(tmp_path) -> Path:
+    """A template repository with tags v1 (the working tree) and v2 (v1 plus a realistic change)."""
+    repo = tmp_path / "template-repo"
+    repo.mkdir()
+    shutil.copy(TEMPLATE / "copier.yml", repo)
+    shutil.copytree(TEMPLATE / "template", repo / "template")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "v1")
+    git(repo, "tag", "v1")
+    # v2: a launcher gains a line, a new file appears, a default changes.
+    bat = repo / "template" / "scripts" / "train.bat.jinja"
+    text = bat.read_text(encoding="utf-8")
+    bat.write_text(text.replace('set "USE_LIBUV=0"\n', 'set "USE_LIBUV=0"\nset "PYTHONUTF8=1"\n'), encoding="utf-8")
+    (repo / "template" / "docs").mkdir()
+    (repo / "template" / "docs" / "UPGRADING.md").write_text("# Upgrading\n\nNew in v2.\n", encoding="utf-8")
+    config = repo / "template" / "configs" / "train.toml.jinja"
+    config.write_text(config.read_text(encoding="utf-8").replace("timeout_s = 300 ", "timeout_s = 600 "), "utf-8")
+    git(repo, "commit", "-qam", "v2")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "v2 files")
+    git(repo, "tag", "v2")
+    return repo
+
+
+def generate(template: Path, destination: Path, ref: str, **data) -> Path:
+    copier.run_copy(str(template), str(destination), data=data, defaults=True, vcs_ref=ref, quiet=True)
+    git(destination, "init", "-q")
+    git(destination, "add", "-A")
+    git(destination, "commit", "-qm", "generated")
+    return destination
+
+
+def update(project: Path, ref: str = "v2", **options) -> None:
+    copier.run_update(str(project), defaults=True, overwrite=True, vcs_ref=ref, quiet=True, **options)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    files = {}
+    for path in root.rglob("*"):
+        relative = path.relative_to(root).as_posix()
+        if path.is_file() and not relative.startswith(".git/"):
+            files[relative] = path.read_bytes()
+    return files
+
+
+def find_conflicts(project: Path) -> subprocess.CompletedProcess:
+    script = project / "scripts" / "find_conflicts.py"
+    return subprocess.run([sys.executable, str(script), str(project)], capture_output=True, text=True)
+
+
+def test_update_without_edits_equals_a_fresh_copy(versions, tmp_path):
+    updated = generate(versions, tmp_path / "updated", "v1")
+    update(updated)
+    fresh = tmp_path / "fresh"
+    copier.run_copy(str(versions), str(fresh), defaults=True, vcs_ref="v2", quiet=True)
+    old, new = tree(updated), tree(fresh)
+    for files in (old, new):  # the only line allowed to differ
+        answers = files[".copier-answers.yml"].splitlines(keepends=True)
+        files[".copier-answers.yml"] = b"".join(line for line in answers if not line.startswith(b"_commit:"))
+    assert old.keys() == new.keys()
+    assert [name for name in old if old[name] != new[name]] == []
+    assert b'set "PYTHONUTF8=1"' in old["scripts/train.bat"]  # the update really moved to v2
+
+
+def test_user_edits_survive_and_the_template_change_arrives(versions, tmp_path):
+    project = generate(versions, tmp_path / "project", "v1")
+    train = next((project / "src").glob("*/train.py"))
+    train.write_text(train.read_text(encoding="utf-8") + "\n\n# my own note about this run\n", encoding="utf-8")
+    config = project / "configs" / "train.toml"
+    config.write_text(config.read_text(encoding="utf-8").replace("epochs = 5", "epochs = 9"), encoding="utf-8")
+    (project / "notes.md").write_text("mine\n", encoding="utf-8")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "my edits")
+    update(project)
+    assert train.read_text(encoding="utf-8").endswith("# my own note about this run\n")
+    text = config.read_text(encoding="utf-8")
+    assert "epochs = 9" in text and "timeout_s = 600" in text
+    assert (project / "notes.md").read_text(encoding="utf-8") == "mine\n"
+    assert b'set "PYTHONUTF8=1"\r\n' in (project / "scripts" / "train.bat").read_bytes()
+    assert (project / "docs" / "UPGRADING.md").is_file()
+    assert find_conflicts(project).returncode == 0
+
+
+@pytest.mark.parametrize("mode", ["inline", "rej"])
+def test_conflicting_edits_are_reported(versions, tmp_path, mode):
+    project = generate(versions, tmp_path / "project", "v1")
+    config = project / "configs" / "train.toml"
+    config.write_text(config.read_text(encoding="utf-8").replace("timeout_s = 300 ", "timeout_s = 120 "), "utf-8")
+    git(project, "commit", "-qam", "shorter timeout")
+    update(project, conflict=mode)  # exits normally even though the same line changed on both sides
+    report = find_conflicts(project)
+    assert report.returncode == 1
+    expected = "configs/train.toml (conflict markers)" if mode == "inline" else "configs/train.toml.rej"
+    assert expected in report.stdout
+    assert report.stdout.count("\n") == 1  # one line
+
+
+def test_changed_answers_regenerate_every_dependent_file(versions, tmp_path):
+    project = generate(versions, tmp_path / "project", "v1")
+    update(project, data={"gpus_per_node": 2, "cuda": "cu126", "nproc_per_node": 2, "master_port": 29700})
+    assert "torch==2.13.0+cu126" in (project / "environment.yml").read_text(encoding="utf-8")
+    config = (project / "configs" / "train.toml").read_text(encoding="utf-8")
+    assert 'device = "cuda"' in config and "master_port = 29700" in config and 'cuda = "cu126"' in config
+    assert b"--master-port 29700" in (project / "scripts" / "train.bat").read_bytes()
+    assert "$MasterPort = 29700" in (project / "scripts" / "train.ps1").read_text(encoding="ascii")
+    assert "2 GPU(s) per machine with the cu126 build" in (project / "README.md").read_text(encoding="utf-8")
+    assert find_conflicts(project).returncode == 0
+    # The updated project's own fast tests still pass (its training tests run in render_and_test).
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cli.py", "tests/test_model.py"],
+        cwd=project, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("autocrlf", ["input", "true"])
+def test_bat_files_stay_crlf_after_an_update(versions, tmp_path, hermetic_git, autocrlf):
+    hermetic_git.write_text(hermetic_git.read_text().replace("autocrlf = input", f"autocrlf = {autocrlf}"))
+    project = generate(versions, tmp_path / "project", "v1")
+    update(project)
+    for script in ("train.bat", "setup_env.bat", "train.ps1"):
+        data = (project / "scripts" / script).read_bytes()
+        assert data.count(b"\n") == data.count(b"\r\n"), script
+
+
+def test_recopy_restores_a_deleted_template_file(versions, tmp_path):
+    project = generate(versions, tmp_path / "project", "v1")
+    (project / "scripts" / "train.ps1").unlink()
+    git(project, "commit", "-qam", "oops")
+    copier.run_recopy(str(project), defaults=True, overwrite=True, quiet=True)
+    fresh = tmp_path / "fresh"
+    copier.run_copy(str(versions), str(fresh), defaults=True, vcs_ref="v1", quiet=True)
+    assert filecmp.cmp(project / "scripts" / "train.ps1", fresh / "scripts" / "train.ps1", shallow=False)
