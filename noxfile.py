@@ -21,7 +21,7 @@ TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 TORCH_INDEX_URL = os.environ.get("TORCH_INDEX_URL")
 COPIER = "copier>=9.0"
 
-nox.options.sessions = ["lint", "tests", "update", "render_and_test"]
+nox.options.sessions = ["lint", "tests", "update", "docs", "render_and_test"]
 # pip, not uv: pip finds the local CPU torch wheel on machines that ship one.
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
@@ -76,6 +76,14 @@ def render_and_test(session: nox.Session, answer_set: str) -> None:
     session.run("ruff", "format", "--no-respect-gitignore", "--check", ".")
     session.install("-e", ".[test,plot]")
     session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with mkdocs-material in strict mode (any warning fails)."""
+    session.install("mkdocs-material")
+    session.run("mkdocs", "build", "--strict", "--site-dir", session.create_tmp() + "/site",
+                env={"NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
 
 
 @nox.session

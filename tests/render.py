@@ -13,9 +13,19 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 # Named answer sets: each is what a user would type on top of the defaults.
 ANSWER_SETS: dict[str, dict] = {
     "windows-cpu-default": {},
-    "linux-torchrun": {"target_os": "linux", "launcher": "torchrun", "project_name": "linux-ddp"},
+    "linux-torchrun": {
+        "target_os": "linux",
+        "launcher": "torchrun",
+        "project_name": "linux-ddp",
+        "readme_language": "zh",
+    },
     "windows-2gpu-cu126": {"gpus_per_node": 2, "cuda": "cu126", "master_port": 29650},
-    "both-os-bf16": {"target_os": "both", "mixed_precision": "bf16", "package_name": "trainer"},
+    "both-os-bf16": {
+        "target_os": "both",
+        "mixed_precision": "bf16",
+        "package_name": "trainer",
+        "readme_language": "both",
+    },
     "model-parallel-linux-4gpu": {
         "target_os": "linux",
         "gpus_per_node": 4,

@@ -114,7 +114,7 @@ def test_defaults_follow_earlier_answers(tmp_path):
 def test_every_question_has_help_and_no_setting_needs_trust():
     config = yaml.safe_load((TEMPLATE / "copier.yml").read_text(encoding="utf-8"))
     questions = {k: v for k, v in config.items() if not k.startswith("_") and v.get("when") is not False}
-    assert len(questions) == 15
+    assert len(questions) == 16
     assert all(question.get("help") for question in questions.values())
     assert not {"_tasks", "_migrations", "_jinja_extensions"} & config.keys()
     assert config["_min_copier_version"] >= "9"

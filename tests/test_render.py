@@ -123,3 +123,25 @@ def test_copier_cli_renders_the_defaults_without_trust(tmp_path):
     assert result.returncode == 0, result.stderr
     assert (destination / "scripts" / "train.bat").is_file()
     assert "--trust" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ANSWER_SETS)
+def test_every_command_and_path_in_the_readme_exists(rendered, name):
+    project = rendered(name)
+    package = answers_of(project)["package_name"]
+    readmes = sorted(project.glob("README*.md"))
+    language = answers_of(project)["readme_language"]
+    assert [p.name for p in readmes] == (["README.md", "README.zh-CN.md"] if language == "both" else ["README.md"])
+    for readme in readmes:
+        text = readme.read_text(encoding="utf-8")
+        chinese = readme.name == "README.zh-CN.md" or language == "zh"
+        assert ("分布式训练" if chinese else "Distributed training") in text
+        scripts = set(re.findall(r"scripts[\\/]([\w.]+\.(?:bat|ps1|sh|py))", text))
+        assert {"train.bat", "setup_env.bat", "train.ps1", "setup_env.ps1", "train.sh"} <= scripts
+        assert [s for s in scripts if not (project / "scripts" / s).is_file()] == []
+        modules = set(re.findall(r"python -m ([\w.]+)", text)) - {"pytest"}
+        assert {f"{package}.train", f"{package}.doctor", f"{package}.plot"} <= modules
+        assert [m for m in modules if not (project / "src" / (m.replace(".", "/") + ".py")).is_file()] == []
+        files = set(re.findall(r"`((?:configs|src)/[\w./{}-]+|environment\.yml)`", text))
+        assert "configs/train.toml" in files and "environment.yml" in files
+        assert [f for f in files if not (project / f).exists()] == []
