@@ -87,6 +87,16 @@ def docs(session: nox.Session) -> None:
 
 
 @nox.session
+def bench(session: nox.Session) -> None:
+    """Rendered project against a bare DDP loop, render cost; writes .bench/ and docs/performance.md."""
+    session.install(COPIER)
+    install_torch(session)
+    project = render_answer_set(session, "windows-cpu-default")
+    session.install("-e", str(project))
+    session.run("python", str(ROOT / "tests" / "bench" / "bench.py"), "--project", str(project), *session.posargs)
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """Render the default project into ./demo and train it on the CPU with 2 ranks."""
     session.install(COPIER)

@@ -63,7 +63,7 @@ def versions() -> dict:
 def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
     """One log file per rank (torchrun's redirects do not work on Windows); rank 0 also prints."""
     logger = logging.getLogger(f"{__package__}.rank{rank}")
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # the file gets DEBUG lines too; the console only INFO
     logger.handlers.clear()
     logger.propagate = False
     (output_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -73,6 +73,7 @@ def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
     if rank == 0:
         to_console = logging.StreamHandler(sys.stdout)
         to_console.setFormatter(logging.Formatter("%(message)s"))
+        to_console.setLevel(logging.INFO)
         logger.addHandler(to_console)
     return logger
 
@@ -123,6 +124,7 @@ class Trainer:
         self.epoch = 0
         self.step_in_epoch = 0
         self.global_step = 0
+        self.first_step_at: float | None = None  # wall clock, for launch-time measurements
 
     # -- state -------------------------------------------------------------
     def state(self) -> dict:
@@ -214,6 +216,9 @@ class Trainer:
                 continue
             crash_if_asked(self.info.rank, self.global_step)
             loss_sum, correct = self._run_batch(inputs, labels)
+            if self.first_step_at is None:
+                self.first_step_at = time.time()
+                self.log.debug(f"first optimizer step at {self.first_step_at:.6f}")
             loss_total += loss_sum  # tensors: no device sync inside the loop
             correct_total += correct
             seen += labels.numel()

@@ -1,0 +1,212 @@
+"""Benchmark: the rendered project against a bare DDP loop, in one run, interleaved, medians.
+
+    python tests/bench/bench.py --project RENDERED_DEFAULT_PROJECT [--reps 3]
+
+Run through `nox -s bench`, which renders the default project and installs it first. Writes
+.bench/results.json, .bench/results.md, and the table section of docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+BARE = HERE / "bare_ddp.py"
+GLOBAL_BATCH = 64
+SAMPLES = 8192  # 128 steps per epoch at the global batch of 64
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run(command: list[str], cwd: Path | None = None) -> str:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(f"benchmark command failed ({done.returncode}): {' '.join(command)}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def package_of(project: Path) -> str:
+    answers = (project / ".copier-answers.yml").read_text(encoding="utf-8")
+    return re.search(r"^package_name: (\S+)$", answers, re.M).group(1)
+
+
+def train_args(project: Path, output_dir: Path, *extra: str) -> list[str]:
+    return ["--config", str(project / "configs" / "train.toml"), "--output-dir", str(output_dir), "--resume", "none",
+            "--nproc-per-node", "2", "--global-batch-size", str(GLOBAL_BATCH), "--master-port", str(free_port()),
+            *extra]  # fmt: skip
+
+
+# -- 1. steady-state throughput ----------------------------------------------------------------
+def rendered_steps_per_s(project: Path) -> float:
+    with tempfile.TemporaryDirectory() as output:
+        args = train_args(project, Path(output), "--epochs", "4", "--samples", str(SAMPLES))
+        run([sys.executable, "-m", f"{package_of(project)}.train", *args], cwd=project)
+        with open(Path(output) / "metrics.csv", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    # Epoch 1 is warm-up; each epoch's time includes its checkpoint save and metric all-reduce.
+    return statistics.median(float(row["samples_per_s"]) / GLOBAL_BATCH for row in rows[1:])
+
+
+def bare_steps_per_s(ranks: int = 2, threads: int = 1, hidden: int = 10, batch: int = GLOBAL_BATCH,
+                     steps: int = 384, warmup: int = 16) -> float:  # fmt: skip
+    output = run([sys.executable, str(BARE), "--ranks", str(ranks), "--threads", str(threads), "--hidden",
+                  str(hidden), "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
+                  "--port", str(free_port())])  # fmt: skip
+    return float(re.search(r"steps-per-s (\S+)", output).group(1))
+
+
+# -- 2. launch to the first optimizer step ---------------------------------------------------------
+def rendered_launch_s(project: Path) -> float:
+    with tempfile.TemporaryDirectory() as output:
+        args = train_args(project, Path(output), "--epochs", "1", "--samples", "640")
+        started = time.time()
+        run(["bash", str(project / "scripts" / "train.sh"), *args], cwd=project)
+        log = (Path(output) / "logs" / "rank0.log").read_text(encoding="utf-8")
+    return float(re.search(r"first optimizer step at (\S+)", log).group(1)) - started
+
+
+def bare_launch_s() -> float:
+    started = time.time()
+    output = run([sys.executable, str(BARE), "--steps", "1", "--warmup", "1", "--port", str(free_port())])
+    return float(re.search(r"first-step (\S+)", output).group(1)) - started
+
+
+def import_torch_s() -> float:
+    started = time.perf_counter()
+    run([sys.executable, "-c", "import torch"])
+    return time.perf_counter() - started
+
+
+# -- 4. render cost ----------------------------------------------------------------------------------
+def trivial_template(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "copier.yml").write_text("name:\n  type: str\n  default: x\n", encoding="utf-8")
+    (folder / "hello.txt.jinja").write_text("hello {{ name }}\n", encoding="utf-8")
+    for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "t"]):
+        run(["git", *command], cwd=folder)
+    return folder
+
+
+def render_s(template: Path) -> float:
+    with tempfile.TemporaryDirectory() as target:
+        started = time.perf_counter()
+        run([sys.executable, "-m", "copier", "copy", "--quiet", "--defaults", "--vcs-ref", "HEAD", str(template),
+             str(Path(target) / "p")])  # fmt: skip
+        return time.perf_counter() - started
+
+
+def interleaved(reps: int, pairs: dict) -> dict[str, list[float]]:
+    """Run every measurement once per repetition, alternating the order, so drift hits all alike."""
+    samples: dict[str, list[float]] = {name: [] for name in pairs}
+    for rep in range(reps):
+        names = list(pairs) if rep % 2 == 0 else list(reversed(pairs))
+        for name in names:
+            samples[name].append(pairs[name]())
+    return samples
+
+
+def machine() -> str:
+    model = ""
+    if Path("/proc/cpuinfo").exists():
+        found = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+        model = found.group(1).strip() if found else ""
+    import torch
+
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores {model}, Python " \
+           f"{platform.python_version()}, torch {torch.__version__}"  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--project", type=Path, required=True)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--ci-cold-s", type=float, help="wall time of a cold `nox` run, measured separately")
+    parser.add_argument("--ci-warm-s", type=float, help="wall time of a warm `nox -R` run, measured separately")
+    args = parser.parse_args()
+    project = args.project.resolve()
+    reps = args.reps
+
+    throughput = interleaved(reps, {"rendered": lambda: rendered_steps_per_s(project), "bare": bare_steps_per_s})
+    launch = interleaved(reps + 2, {"rendered": lambda: rendered_launch_s(project), "bare": bare_launch_s,
+                                    "import torch": import_torch_s})  # fmt: skip
+    wide = interleaved(reps, {
+        "1 rank x 2 threads": lambda: bare_steps_per_s(1, 2, 4096, 256, 30, 3) * 256,
+        "2 ranks x 1 thread": lambda: bare_steps_per_s(2, 1, 4096, 256, 30, 3) * 256,
+    })  # fmt: skip
+    with tempfile.TemporaryDirectory() as scratch:
+        trivial = trivial_template(Path(scratch) / "trivial")
+        render = interleaved(reps + 2, {"template": lambda: render_s(ROOT), "trivial": lambda: render_s(trivial)})
+
+    median = {group: {name: statistics.median(values) for name, values in samples.items()}
+              for group, samples in {"throughput": throughput, "launch": launch, "wide": wide,
+                                     "render": render}.items()}  # fmt: skip
+    ratios = {
+        "throughput (rendered / bare, target >= 0.95)": median["throughput"]["rendered"] / median["throughput"]["bare"],
+        "launch to first step (rendered / bare, target <= 1.15)": median["launch"]["rendered"]
+        / median["launch"]["bare"],
+        "render (template / trivial, target <= 2)": median["render"]["template"] / median["render"]["trivial"],
+        "wide model (2 ranks / 1 rank)": median["wide"]["2 ranks x 1 thread"] / median["wide"]["1 rank x 2 threads"],
+    }
+    results = {"machine": machine(), "reps": reps, "samples": {"throughput": throughput, "launch": launch,
+               "wide": wide, "render": render}, "medians": median, "ratios": ratios,
+               "ci": {"cold_s": args.ci_cold_s, "warm_s": args.ci_warm_s}}  # fmt: skip
+    table = markdown(results)
+    out = ROOT / ".bench"
+    out.mkdir(exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    (out / "results.md").write_text(table, encoding="utf-8")
+    page = ROOT / "docs" / "performance.md"
+    text = page.read_text(encoding="utf-8")
+    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
+    if start in text and end in text:
+        page.write_text(text.split(start)[0] + start + "\n" + table + end + text.split(end)[1], encoding="utf-8")
+    print(table)
+    return 0
+
+
+def markdown(results: dict) -> str:
+    m = results["medians"]
+    lines = [
+        f"Machine: {results['machine']}. Medians of {results['reps']} interleaved repetitions "
+        f"({results['reps'] + 2} for launch and render).",
+        "",
+        "| measurement | rendered project | baseline | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| 1. steady-state steps/s, 2 gloo ranks x 1 thread, batch 64 | {m['throughput']['rendered']:.0f} | "
+        f"{m['throughput']['bare']:.0f} (bare loop) | {m['throughput']['rendered'] / m['throughput']['bare']:.2f} "
+        "| >= 0.95 |",
+        f"| 2. launch to first optimizer step, s | {m['launch']['rendered']:.2f} (train.sh) | "
+        f"{m['launch']['bare']:.2f} (bare loop); `import torch` alone {m['launch']['import torch']:.2f} | "
+        f"{m['launch']['rendered'] / m['launch']['bare']:.2f} | <= 1.15 |",
+        f"| 3. wide model (hidden 4096, batch 256) samples/s | 2 ranks x 1 thread: "
+        f"{m['wide']['2 ranks x 1 thread']:.0f} | 1 rank x 2 threads: {m['wide']['1 rank x 2 threads']:.0f} | "
+        f"{m['wide']['2 ranks x 1 thread'] / m['wide']['1 rank x 2 threads']:.2f} | none |",
+        f"| 4. `copier copy --defaults`, s | {m['render']['template']:.2f} | {m['render']['trivial']:.2f} "
+        f"(one-file template) | {m['render']['template'] / m['render']['trivial']:.2f} | <= 2 |",
+    ]
+    ci = results["ci"]
+    if ci["cold_s"]:
+        lines.append(f"| 5. whole default `nox` run, min | cold {ci['cold_s'] / 60:.1f}, warm "
+                     f"{(ci['warm_s'] or 0) / 60:.1f} | | | <= 10 cold, <= 4 warm |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
