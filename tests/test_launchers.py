@@ -100,7 +100,9 @@ def test_train_ps1_mirrors_train_bat(rendered, name):
         "MasterPort": str(answers["master_port"]),
     }
     assert f'python -m {answers["package_name"]}.train --config "$PSScriptRoot\\..\\configs\\train.toml"' in ps1
-    assert "--nproc-per-node $NprocPerNode --master-port $MasterPort @args" in ps1
+    assert "--nproc-per-node $NprocPerNode --master-port $MasterPort @TrainArgs" in ps1
+    assert "[CmdletBinding(PositionalBinding = $false)]" in ps1  # "--epochs 10" must not bind 10 positionally
+    assert "[Parameter(ValueFromRemainingArguments = $true)][string[]]$TrainArgs" in ps1
     assert "$ErrorActionPreference = 'Stop'" in ps1
     assert ps1.rstrip().endswith("exit $LASTEXITCODE")
 
