@@ -252,7 +252,9 @@ class Trainer:
                 f"accuracy {row['accuracy']:.3f}  ({row['samples_per_s']} samples/s)"
             )
             if progress is not None:
-                progress.set_postfix(epoch=row["epoch"], loss=row["loss"], acc=row["accuracy"])
+                progress.set_postfix(
+                    epoch=row["epoch"], loss=row["loss"], acc=row["accuracy"], samples_s=row["samples_per_s"]
+                )
             append_metrics(self.output_dir / "metrics.csv", row)
 
     def fit(self) -> None:
