@@ -5,10 +5,13 @@ python tests/render.py NAME DESTINATION    renders one named answer set
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 TEMPLATE = Path(__file__).resolve().parents[1]
+# What a copy of the template needs: the questionnaire, the generated tree, and the partials it includes.
+TEMPLATE_PARTS = ("copier.yml", "template", "includes")
 
 # Named answer sets: each is what a user would type on top of the defaults.
 ANSWER_SETS: dict[str, dict] = {
@@ -35,6 +38,18 @@ ANSWER_SETS: dict[str, dict] = {
         "mixed_precision": "fp16",
     },
 }
+
+
+def copy_template(destination: Path) -> Path:
+    """A plain (non-git) copy of the template's own files, for tests that build template versions."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for part in TEMPLATE_PARTS:
+        source = TEMPLATE / part
+        if source.is_dir():
+            shutil.copytree(source, destination / part)
+        else:
+            shutil.copy(source, destination / part)
+    return destination
 
 
 def render(destination: Path, answers: dict | None = None, **options):

@@ -8,13 +8,12 @@ template are evaluated, nothing is written, and nothing may be left behind.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import copier
 import pytest
 
-from render import TEMPLATE
+from render import copy_template
 
 # torch series: (stable tags, experimental tags, Python versions with wheels usable by the code, Windows OK)
 PUBLISHED = {
@@ -62,10 +61,7 @@ CASES = list(dict.fromkeys(cases()))
 
 @pytest.fixture(scope="module")
 def plain_template(tmp_path_factory):
-    copy = tmp_path_factory.mktemp("template")
-    shutil.copy(TEMPLATE / "copier.yml", copy)
-    shutil.copytree(TEMPLATE / "template", copy / "template")
-    return copy
+    return copy_template(tmp_path_factory.mktemp("template") / "plain")
 
 
 def answers_for(series, tag, target_os, python):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import filecmp
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import copier
 import pytest
 
-from render import TEMPLATE
+from render import copy_template
 
 pytestmark = pytest.mark.update
 
@@ -46,10 +45,7 @@ def hermetic_git(tmp_path, monkeypatch):
 @pytest.fixture
 def versions(tmp_path) -> Path:
     """A template repository with tags v1 (the working tree) and v2 (v1 plus a realistic change)."""
-    repo = tmp_path / "template-repo"
-    repo.mkdir()
-    shutil.copy(TEMPLATE / "copier.yml", repo)
-    shutil.copytree(TEMPLATE / "template", repo / "template")
+    repo = copy_template(tmp_path / "template-repo")
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "v1")
