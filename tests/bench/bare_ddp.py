@@ -23,7 +23,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(10, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 5)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # the rendered config's optimizer
     loss_fn = nn.CrossEntropyLoss()
     inputs = torch.randn(args.batch // args.ranks, 10)
     labels = torch.randint(0, 5, (args.batch // args.ranks,))

@@ -10,6 +10,7 @@ configs/train.toml and can be overridden by a flag; `--help` lists them.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -28,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from . import __version__, checkpoint
 from .config import Config, from_command_line
@@ -78,6 +79,24 @@ def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
     return logger
 
 
+class EpochBatches(Sampler):
+    """This rank's batches as index tensors: one gather per batch instead of one __getitem__ per sample.
+
+    The order is exactly DistributedSampler's (seed + epoch), cut into full batches.
+    """
+
+    def __init__(self, sampler: DistributedSampler, batch_size: int) -> None:
+        self.sampler, self.batch_size = sampler, batch_size
+
+    def __iter__(self):
+        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            yield order[start : start + self.batch_size]
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size
+
+
 class Trainer:
     """One rank's training: build, resume, run epochs, checkpoint."""
 
@@ -95,7 +114,11 @@ class Trainer:
         seed_rank(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
         # A model that spans two devices must be wrapped without device_ids.
         single_gpu = len(self.devices) == 1 and self.devices[0].type == "cuda"
-        self.model = DistributedDataParallel(model, device_ids=[self.devices[0]] if single_gpu else None)
+        self.model = DistributedDataParallel(
+            model,
+            device_ids=[self.devices[0]] if single_gpu else None,
+            gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets: one copy less per step
+        )
         self.loss_fn = nn.CrossEntropyLoss()
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=config.lr, momentum=config.momentum)
         self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(
@@ -110,8 +133,8 @@ class Trainer:
         )
         self.loader = DataLoader(
             dataset,
-            batch_size=config.global_batch_size // info.world_size,
-            sampler=self.sampler,
+            batch_size=None,  # EpochBatches already yields whole batches
+            sampler=EpochBatches(self.sampler, config.global_batch_size // info.world_size),
             num_workers=config.num_workers,
             persistent_workers=config.num_workers > 0,
             # Windows only has spawn; using it everywhere keeps Linux runs identical to Windows ones.
@@ -119,7 +142,6 @@ class Trainer:
             worker_init_fn=seed_worker,
             generator=torch.Generator().manual_seed(config.seed + info.rank),
             pin_memory=self.devices[0].type == "cuda",
-            drop_last=True,
         )
         self.epoch = 0
         self.step_in_epoch = 0
@@ -190,19 +212,23 @@ class Trainer:
         dist.barrier()
 
     # -- training ----------------------------------------------------------
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()  # entering a disabled autocast still costs time every step
+        return torch.autocast(self.devices[-1].type, dtype=self.autocast_dtype)
+
     def _run_batch(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step; returns the batch's mean loss and correct count as tensors (no sync)."""
         labels = labels.to(self.devices[-1], non_blocking=True)
         self.optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(
-            self.devices[-1].type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
-        ):
+        with self._autocast():
             logits = self.model(inputs.to(self.devices[0], non_blocking=True))
             loss = self.loss_fn(logits.float(), labels)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
-        return loss.detach() * labels.numel(), (logits.argmax(dim=1) == labels).sum()
+        return loss.detach(), (logits.argmax(dim=1) == labels).sum()
 
     def _run_epoch(self, epoch: int, progress) -> None:
         self.sampler.set_epoch(epoch)
@@ -215,11 +241,11 @@ class Trainer:
             if index < resume_at:  # resumed mid-epoch: these batches were already trained on
                 continue
             crash_if_asked(self.info.rank, self.global_step)
-            loss_sum, correct = self._run_batch(inputs, labels)
+            loss, correct = self._run_batch(inputs, labels)
             if self.first_step_at is None:
                 self.first_step_at = time.time()
                 self.log.debug(f"first optimizer step at {self.first_step_at:.6f}")
-            loss_total += loss_sum  # tensors: no device sync inside the loop
+            loss_total += loss  # tensors: no device sync inside the loop; every batch has the same size
             correct_total += correct
             seen += labels.numel()
             self.global_step += 1
@@ -229,9 +255,8 @@ class Trainer:
             if self.config.checkpoint_every and self.global_step % self.config.checkpoint_every == 0:
                 self.save()
         # gloo cannot all-reduce AVG reliably (and never bf16): sum fp64, then divide.
-        totals = torch.stack(
-            [loss_total, correct_total, torch.tensor(float(seen), dtype=torch.float64, device=loss_total.device)]
-        )
+        seen_total = torch.tensor(float(seen), dtype=torch.float64, device=loss_total.device)
+        totals = torch.stack([loss_total * self.loader.sampler.batch_size, correct_total, seen_total])
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         loss_sum, correct, seen = totals.tolist()
         self.epoch, self.step_in_epoch = epoch + 1, 0
