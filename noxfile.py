@@ -64,8 +64,9 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def update(session: nox.Session) -> None:
     """copier update from a tagged older template version: edits survive, conflicts are reported."""
-    session.install(COPIER, "pytest", "pyyaml")
-    install_torch(session)  # the updated project's own tests run too
+    # The updated project's own tests run too: torch plus its other runtime deps (its pyproject.toml).
+    session.install(COPIER, "pytest", "pyyaml", "numpy", "tqdm")
+    install_torch(session)
     session.run("pytest", "-q", "-m", "update", *session.posargs)
 
 
