@@ -63,10 +63,6 @@ class Config:
         return self.nnodes * self.nproc_per_node
 
     @property
-    def per_rank_batch_size(self) -> int:
-        return self.global_batch_size // self.world_size
-
-    @property
     def steps_per_epoch(self) -> int:
         return self.samples // self.global_batch_size
 
