@@ -147,6 +147,7 @@ class Trainer:
         self.step_in_epoch = 0
         self.global_step = 0
         self.first_step_at: float | None = None  # wall clock, for launch-time measurements
+        self.crash_at = crash_step(info.rank)
 
     # -- state -------------------------------------------------------------
     def state(self) -> dict:
@@ -240,7 +241,8 @@ class Trainer:
         for index, (inputs, labels) in enumerate(self.loader):
             if index < resume_at:  # resumed mid-epoch: these batches were already trained on
                 continue
-            crash_if_asked(self.info.rank, self.global_step)
+            if self.global_step == self.crash_at:
+                crash(self.global_step)
             loss, correct = self._run_batch(inputs, labels)
             if self.first_step_at is None:
                 self.first_step_at = time.time()
@@ -347,13 +349,16 @@ def set_rng_state(state: dict) -> None:
 CRASH_VARIABLE = "DDP_CRASH_RANK1_AT_STEP"
 
 
-def crash_if_asked(rank: int, global_step: int) -> None:
-    """Fault injection for tests and drills: DDP_CRASH_RANK1_AT_STEP=S kills rank 1 before step S,
-    on the first start only, so a restarted job can get past it."""
+def crash_step(rank: int) -> int | None:
+    """Fault injection for tests and drills: DDP_CRASH_RANK1_AT_STEP=S makes rank 1 die before step S,
+    on the first start only, so a restarted job can get past it. Read once, not in the training loop."""
     at = os.environ.get(CRASH_VARIABLE)
-    if at is not None and rank == 1 and global_step == int(at) and restart_count() == 0:
-        print(f"rank 1: crashing at step {global_step} ({CRASH_VARIABLE}={at})", file=sys.stderr, flush=True)
-        os._exit(3)
+    return int(at) if at is not None and rank == 1 and restart_count() == 0 else None
+
+
+def crash(global_step: int) -> None:
+    print(f"rank 1: crashing at step {global_step} ({CRASH_VARIABLE}={global_step})", file=sys.stderr, flush=True)
+    os._exit(3)
 
 
 def append_metrics(path: Path, row: dict) -> None:
