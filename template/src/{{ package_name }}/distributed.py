@@ -110,13 +110,16 @@ def devices_for(config: Config, local_rank: int) -> tuple[torch.device, ...]:
 def init_process_group(config: Config, info: RankInfo) -> None:
     """Join the process group, or fail with a message that says what to check, after timeout_s."""
     address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    timeout = datetime.timedelta(seconds=config.timeout_s)
     try:
+        store = restart_store(timeout) if under_torchrun() else None
         dist.init_process_group(
             backend=config.backend,
-            init_method="env://",
+            init_method=None if store else "env://",
+            store=store,
             rank=info.rank,
             world_size=info.world_size,
-            timeout=datetime.timedelta(seconds=config.timeout_s),
+            timeout=timeout,
         )
     except (RuntimeError, TimeoutError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
@@ -126,6 +129,27 @@ def init_process_group(config: Config, info: RankInfo) -> None:
             "and --master-port; check that node 0 is reachable through its firewall; on machines with several "
             "network interfaces set GLOO_SOCKET_IFNAME to the interface name (e.g. Ethernet)"
         ) from error
+
+
+def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """The store of this restart only, when torchrun shares its agent's store with the ranks.
+
+    That store outlives a restart, and init_process_group would read the dead
+    ranks' gloo addresses from it ("Gloo connectFullMesh failed ... Connection
+    refused", about 1 restart in 2 here). A prefix per restart keeps the
+    attempts apart. Without the shared store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
+    every restart gets a new store anyway, and env:// is used.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    shared = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,  # torchrun's agent on node 0 hosts it
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"restart-{restart_count()}", shared)
 
 
 def cleanup() -> None:

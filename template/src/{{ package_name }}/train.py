@@ -424,11 +424,32 @@ def run_rank(config: Config, info: RankInfo) -> None:
         cleanup()
 
 
+def torchrun_layout(config: Config) -> Config:
+    """Under torchrun, torchrun decides the process layout and the restarts, not the config."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc_per_node))
+    torchrun_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if config.max_restarts != torchrun_restarts and int(os.environ["RANK"]) == 0:
+        print(
+            f"warning: max_restarts={config.max_restarts} does not apply under torchrun, which restarts the ranks "
+            f"itself (here {torchrun_restarts} time(s)): use MAX_RESTARTS={config.max_restarts} scripts/train.sh "
+            f"or torchrun --max-restarts {config.max_restarts}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return dataclasses.replace(
+        config,
+        nproc_per_node=local,
+        nnodes=int(os.environ["WORLD_SIZE"]) // local,
+        max_restarts=torchrun_restarts,
+        # A restarted rank continues from the newest checkpoint, as on the spawn path.
+        resume="auto" if restart_count() else config.resume,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     config = from_command_line(argv, PROG)
-    if under_torchrun():  # torchrun decides the process layout, not the config
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc_per_node))
-        config = dataclasses.replace(config, nproc_per_node=local, nnodes=int(os.environ["WORLD_SIZE"]) // local)
+    if under_torchrun():
+        config = torchrun_layout(config)
     try:
         if config.resume not in ("auto", "none"):
             checkpoint.load(Path(config.resume))  # a bad path fails here, before any rank starts
