@@ -46,8 +46,12 @@ def existing(output_dir: str | Path) -> list[Path]:
 
 
 def prune(output_dir: str | Path, keep: int) -> None:
+    """Keep the newest `keep` checkpoints; also drop temporary files a killed save left behind
+    (only rank 0 writes, one save at a time, so no other save is in flight here)."""
     for old in existing(output_dir)[keep:]:
         old.unlink(missing_ok=True)
+    for leftover in directory(output_dir).glob("*.pt.tmp"):
+        leftover.unlink(missing_ok=True)
 
 
 def load(path: Path) -> dict:

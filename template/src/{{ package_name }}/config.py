@@ -188,7 +188,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     add("--precision", choices=("no", "fp16", "bf16"))
     add("--parallelism", choices=("ddp", "ddp_model_parallel"))
     add("--deterministic", action=argparse.BooleanOptionalAction, default=None)
-    add("--no-progress", action="store_false", dest="progress", default=None, help="no progress bar")
+    add("--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="progress bar on rank 0 (only when stdout is a terminal)")  # fmt: skip
     add("--backend", choices=("gloo", "nccl"))
     add("--device", choices=("cpu", "cuda"))
     add("--nproc-per-node", type=_at_least_one, help="processes to start on this machine")

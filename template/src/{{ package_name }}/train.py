@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from tqdm import tqdm
 
 from . import __version__, checkpoint
 from .config import Config, from_command_line
@@ -61,6 +62,16 @@ def versions() -> dict:
     }
 
 
+class AboveTheBar(logging.StreamHandler):
+    """Console lines printed above rank 0's progress bar instead of through it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
 def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
     """One log file per rank (torchrun's redirects do not work on Windows); rank 0 also prints."""
     logger = logging.getLogger(f"{__package__}.rank{rank}")
@@ -72,7 +83,7 @@ def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
     to_file.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(levelname)s %(message)s"))
     logger.addHandler(to_file)
     if rank == 0:
-        to_console = logging.StreamHandler(sys.stdout)
+        to_console = AboveTheBar(sys.stdout)
         to_console.setFormatter(logging.Formatter("%(message)s"))
         to_console.setLevel(logging.INFO)
         logger.addHandler(to_console)
@@ -160,6 +171,13 @@ class Trainer:
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "global_step": self.global_step,
+            # Where this epoch's shuffled order stands: the order is a function of (seed, epoch, num_replicas).
+            "sampler": {
+                "seed": self.sampler.seed,
+                "epoch": self.epoch,
+                "num_replicas": self.sampler.num_replicas,
+                "position": self.step_in_epoch * self.loader.sampler.batch_size,  # samples taken, per rank
+            },
             "config": {k: v for k, v in vars(self.config).items() if k != "environment"},
             "versions": versions(),
         }
@@ -182,6 +200,13 @@ class Trainer:
             state["step_in_epoch"],
             state["global_step"],
         )
+        order = state["sampler"]
+        if self.step_in_epoch and (order["seed"], order["num_replicas"]) != (self.sampler.seed, self.info.world_size):
+            self.log.warning(
+                f"checkpoint stopped mid-epoch with seed {order['seed']} over {order['num_replicas']} ranks, this job "
+                f"has seed {self.sampler.seed} over {self.info.world_size}: the rest of epoch {self.epoch + 1} "
+                "uses a different sample order"
+            )
 
     def gathered_rng_states(self) -> list[dict]:
         """Every rank's RNG state, in rank order (a collective: all ranks call it)."""
@@ -288,8 +313,6 @@ class Trainer:
         self.resume()
         progress = None
         if self.info.rank == 0 and self.config.progress and sys.stdout.isatty():
-            from tqdm import tqdm
-
             total = self.config.epochs * self.config.steps_per_epoch
             progress = tqdm(total=total, initial=self.global_step, unit="step", dynamic_ncols=True)
         try:
