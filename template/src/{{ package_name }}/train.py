@@ -370,13 +370,16 @@ def set_rng_state(state: dict) -> None:
 
 
 CRASH_VARIABLE = "DDP_CRASH_RANK1_AT_STEP"
+CRASH_STARTS_VARIABLE = "DDP_CRASH_RANK1_STARTS"
 
 
 def crash_step(rank: int) -> int | None:
     """Fault injection for tests and drills: DDP_CRASH_RANK1_AT_STEP=S makes rank 1 die before step S,
-    on the first start only, so a restarted job can get past it. Read once, not in the training loop."""
+    on the first start only, so a restarted job can get past it; DDP_CRASH_RANK1_STARTS=K crashes the
+    first K starts instead (to use up the restarts). Read once, not in the training loop."""
     at = os.environ.get(CRASH_VARIABLE)
-    return int(at) if at is not None and rank == 1 and restart_count() == 0 else None
+    starts = int(os.environ.get(CRASH_STARTS_VARIABLE, "1"))
+    return int(at) if at is not None and rank == 1 and restart_count() < starts else None
 
 
 def crash(global_step: int) -> None:
