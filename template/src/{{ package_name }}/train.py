@@ -21,6 +21,7 @@ import platform
 import random
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -83,6 +84,9 @@ def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
     to_file.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(levelname)s %(message)s"))
     logger.addHandler(to_file)
     if rank == 0:
+        # tqdm's default lock is a multiprocessing semaphore, which a rank stopped by SIGTERM leaks
+        # (a resource_tracker warning after every failed run). Only rank 0 draws: a thread lock does.
+        tqdm.set_lock(threading.RLock())
         to_console = AboveTheBar(sys.stdout)
         to_console.setFormatter(logging.Formatter("%(message)s"))
         to_console.setLevel(logging.INFO)
