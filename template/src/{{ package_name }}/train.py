@@ -204,7 +204,8 @@ class Trainer:
             state["step_in_epoch"],
             state["global_step"],
         )
-        order = state["sampler"]
+        # Checkpoints from before the sampler entry existed are taken to match this job.
+        order = state.get("sampler", {"seed": self.sampler.seed, "num_replicas": self.info.world_size})
         if self.step_in_epoch and (order["seed"], order["num_replicas"]) != (self.sampler.seed, self.info.world_size):
             self.log.warning(
                 f"checkpoint stopped mid-epoch with seed {order['seed']} over {order['num_replicas']} ranks, this job "
