@@ -131,27 +131,6 @@ def init_process_group(config: Config, info: RankInfo) -> None:
         ) from error
 
 
-def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
-    """The store of this restart only, when torchrun shares its agent's store with the ranks.
-
-    That store outlives a restart, and init_process_group would read the dead
-    ranks' gloo addresses from it ("Gloo connectFullMesh failed ... Connection
-    refused", 4 of 6 restarted jobs with torch 2.13 here). A prefix per restart keeps the
-    attempts apart. Without the shared store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)
-    every restart gets a new store anyway, and env:// is used.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    shared = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        int(os.environ["WORLD_SIZE"]),
-        is_master=False,  # torchrun's agent on node 0 hosts it
-        timeout=timeout,
-    )
-    return dist.PrefixStore(f"restart-{restart_count()}", shared)
-
-
 def cleanup() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -182,6 +161,28 @@ INTERRUPTED = 130  # the shell convention for Ctrl+C
 def restart_count() -> int:
     """How many times the ranks have been restarted in this job (0 on the first start)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get(RESTART_VARIABLE, "0")))
+
+
+def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """The store of this restart only, when torchrun shares its agent's store with the ranks.
+
+    That store outlives a restart, and init_process_group would read the dead
+    ranks' gloo addresses from it ("Gloo connectFullMesh failed ... Connection
+    refused": 4 of 6 restarted jobs with torch 2.13 here). A prefix per restart
+    keeps the attempts apart. Without the shared store
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) every restart gets a new store anyway,
+    and env:// is used.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    shared = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,  # torchrun's agent on node 0 hosts it
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"restart-{restart_count()}", shared)
 
 
 class _Terminated(Exception):
