@@ -459,7 +459,7 @@ def torchrun_layout(config: Config) -> Config:
     """Under torchrun, torchrun decides the process layout and the restarts, not the config."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc_per_node))
     torchrun_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    if config.max_restarts not in (0, torchrun_restarts) and int(os.environ["RANK"]) == 0:
+    if config.max_restarts not in (0, torchrun_restarts) and torchrun_rank().rank == 0:
         print(
             f"warning: max_restarts={config.max_restarts} does not apply under torchrun, which restarts the ranks "
             f"itself (here {torchrun_restarts} time(s)): use MAX_RESTARTS={config.max_restarts} scripts/train.sh "
