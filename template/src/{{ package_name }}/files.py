@@ -1,0 +1,86 @@
+"""Every file the training writes goes through write_durably: it either appears whole, or not at all.
+
+The steps, in this order:
+1. write to `<name>.tmp` in the same folder;
+2. flush and fsync it, so its bytes are on the disk before any name points at them
+   (without this, a power cut right after the rename can leave a zero-length file under the new name);
+3. os.replace it over the final name (atomic on Windows and POSIX);
+4. fsync the folder on POSIX, so the rename itself survives a power cut (Windows cannot open folders).
+
+On Windows an antivirus scanner, the search indexer or a OneDrive/Dropbox client can hold a file for a
+moment, and os.replace then fails with WinError 5 or 32. Those two errors are retried for about two
+seconds before the write gives up with a message that names the file and what usually holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+# Seconds between attempts; about 2 s in all before giving up.
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.5, 0.75)
+# ERROR_ACCESS_DENIED and ERROR_SHARING_VIOLATION: what a scanner or sync client holding a file causes.
+TRANSIENT_WINERRORS = (5, 32)
+
+
+class WriteError(OSError):
+    """A file could not be written; the message names it and what to do. Earlier files are untouched."""
+
+
+def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write `path` through a temporary file: write(handle), flush, fsync, replace, fsync the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # never leave a partial file behind
+        raise
+    sync_folder(path.parent)
+
+
+def write_text_durably(path: Path, text: str) -> None:
+    write_durably(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def is_transient_lock(error: OSError) -> bool:
+    return isinstance(error, PermissionError) and getattr(error, "winerror", None) in TRANSIENT_WINERRORS
+
+
+def replace(source: Path, target: Path) -> None:
+    """os.replace, retried while another program briefly holds one of the two files (Windows)."""
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            os.replace(source, target)
+            return
+        except PermissionError as error:
+            if not is_transient_lock(error):
+                raise
+            if delay is None:
+                raise WriteError(
+                    f"{target} stayed locked by another program for {sum(RETRY_DELAYS):.1f}s "
+                    f"(WinError {error.winerror}: {error.strerror}). An antivirus scanner, the Windows Search "
+                    "indexer or a OneDrive/Dropbox sync client usually holds it: put output_dir outside synced "
+                    "folders (for example C:\\ddp-runs), or exclude it from scanning. Earlier checkpoints are intact.",
+                ) from error
+            time.sleep(delay)
+
+
+def sync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable. POSIX only: Windows cannot open a folder as a file."""
+    if sys.platform == "win32":
+        return
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
