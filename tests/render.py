@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 TEMPLATE = Path(__file__).resolve().parents[1]
+# How the README and the docs name the template in `copier copy`: a clone of this repository in a folder of
+# this name (there is no public home yet). tests/test_site.py holds every page to it.
+TEMPLATE_ADDRESS = "copier-torch-ddp"
 # What a copy of the template needs: the questionnaire, the generated tree, and the partials it includes.
 TEMPLATE_PARTS = ("copier.yml", "template", "includes")
 

@@ -1,0 +1,204 @@
+"""The documentation as a person reads it: the HTML that `mkdocs build --strict` writes, not the markdown.
+
+The site is built once per test session (strict: any warning fails). The pages' numbered steps must
+render as one list, command blocks must hold only commands and comments, every `copier copy` must name
+the template by its one address, and the Linux path of getting-started must run as pasted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from html import unescape
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from render import TEMPLATE, TEMPLATE_ADDRESS, copy_template
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Path:
+    pytest.importorskip("material", reason="the docs theme (pip install mkdocs-material)")
+    folder = tmp_path_factory.mktemp("site")
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
+        cwd=TEMPLATE, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr[-3000:]
+    return folder
+
+
+class Page(HTMLParser):
+    """The parts of a built page these tests read: the article's lists and its code blocks."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.depth_in_article = 0
+        self.open_lists: list[dict] = []
+        self.lists: list[dict] = []  # {"kind", "items", "nested", "heading"}
+        self.blocks: list[dict] = []  # {"language", "text", "heading"}
+        self.heading = ""
+        self.in_heading = False
+        self.language = ""
+        self.code: list[str] | None = None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "article":
+            self.depth_in_article += 1
+        if not self.depth_in_article:
+            return
+        if tag in ("h1", "h2", "h3"):
+            self.in_heading, self.heading = True, ""
+        elif tag in ("ol", "ul"):
+            entry = {"kind": tag, "items": 0, "nested": bool(self.open_lists), "heading": self.heading}
+            self.open_lists.append(entry)
+            self.lists.append(entry)
+        elif tag == "li" and self.open_lists:
+            self.open_lists[-1]["items"] += 1
+        elif tag == "div" and "language-" in attrs.get("class", ""):
+            self.language = re.search(r"language-(\w+)", attrs["class"]).group(1)
+        elif tag == "code" and self.language:
+            self.code = []
+
+    def handle_endtag(self, tag):
+        if tag == "article":
+            self.depth_in_article -= 1
+        elif tag in ("h1", "h2", "h3"):
+            self.in_heading = False
+        elif tag in ("ol", "ul") and self.open_lists:
+            self.open_lists.pop()
+        elif tag == "code" and self.code is not None:
+            self.blocks.append(
+                {"language": self.language, "text": unescape("".join(self.code)), "heading": self.heading}
+            )
+            self.code, self.language = None, ""
+
+    def handle_data(self, data):
+        if self.in_heading:
+            self.heading += data.strip("¶").strip()
+        if self.code is not None:
+            self.code.append(data)
+
+
+def page(site: Path, name: str) -> Page:
+    return Page((site / name / "index.html").read_text(encoding="utf-8"))
+
+
+def all_pages(site: Path) -> dict[str, Page]:
+    return {str(p.relative_to(site)): Page(p.read_text(encoding="utf-8")) for p in sorted(site.rglob("index.html"))
+            if "search" not in p.parts}  # fmt: skip
+
+
+def test_getting_started_steps_render_as_one_numbered_list(site):
+    numbered = [entry for entry in page(site, "getting-started").lists if entry["kind"] == "ol" and not entry["nested"]]
+    assert [entry["items"] for entry in numbered] == [4], numbered  # steps 1-4 in one list, none split off
+
+
+COMMENT = {"bat": ("rem ", "::"), "bash": ("#",), "powershell": ("#",)}
+COMMANDS = {"pip", "copier", "cd", "conda", "python", "pytest", "powershell", "nox", "git", "torchrun", "set",
+            "export", "sbatch", "ssh", "netsh", "curl", "apt-get"}  # fmt: skip
+
+
+def test_command_blocks_hold_only_commands_and_comments(site):
+    """What a reader pastes must run: no prose after a command unless it is behind a comment marker."""
+    problems = []
+    for name, built in all_pages(site).items():
+        for block in built.blocks:
+            markers = COMMENT.get(block["language"])
+            if markers is None:
+                continue  # toml, yaml, text: not pasted into a shell
+            for line in block["text"].splitlines():
+                stripped = line.strip()
+                if not stripped or stripped.startswith(markers):
+                    continue
+                first = stripped.split()[0]
+                if first not in COMMANDS and not re.match(r"^(scripts[\\/]|\.[\\/]|[A-Z_]+=)", first):
+                    problems.append(f"{name}: {line!r} does not start with a command")
+                # Two spaces or more inside a line only ever lead to a comment.
+                for gap in re.finditer(r"\S(\s{2,})(\S.*)$", stripped):
+                    if not gap.group(2).startswith(markers):
+                        problems.append(f"{name}: {line!r} has text after the command that is not a comment")
+    assert problems == []
+
+
+def copy_sources(text: str) -> list[str]:
+    """The template argument of every `copier copy` command in a text: the first word that is not a flag."""
+    sources = []
+    for line in re.findall(r"copier copy [^\n`]*", text):
+        words = shlex.split(line.split("#")[0])[2:]
+        positional = []
+        skip = False
+        for word in words:
+            if skip:
+                skip = False
+            elif word in ("--vcs-ref", "--data", "-d", "-r"):
+                skip = True
+            elif not word.startswith("-"):
+                positional.append(word)
+        if len(positional) == 2:
+            sources.append(positional[0])
+    return sources
+
+
+def test_every_copy_command_names_the_template_by_its_one_address(site):
+    texts = {"README.md": (TEMPLATE / "README.md").read_text(encoding="utf-8")}
+    for name, built in all_pages(site).items():
+        texts[name] = "\n".join(block["text"] for block in built.blocks)
+    found = {name: copy_sources(text) for name, text in texts.items()}
+    assert found["README.md"] and found["getting-started/index.html"] and found["index.html"]
+    wrong = {name: [s for s in sources if s != TEMPLATE_ADDRESS] for name, sources in found.items()}
+    assert {name: s for name, s in wrong.items() if s} == {}
+    assert "<owner>" not in "".join(texts.values())
+
+
+CONDA_STANDIN = r"""
+# conda, as far as the getting-started page uses it: `env create -f FILE` makes the environment the file
+# describes (its pip section; torch from TORCH_SPEC, as everywhere in these tests), `activate NAME` enters it.
+conda() {
+    case "$1 $2" in
+    "env create")
+        local name; name=$(python -c "import yaml,sys; print(yaml.safe_load(open('$4'))['name'])")
+        python -m venv "$CONDA_ENVS/$name" || return 1
+        python - "$4" > "$CONDA_ENVS/$name.txt" <<'PY' || return 1
+import os, sys, yaml
+pip = next(d["pip"] for d in yaml.safe_load(open(sys.argv[1]))["dependencies"] if isinstance(d, dict))
+for line in pip:
+    if line.startswith("torch=="):
+        print(os.environ.get("TORCH_SPEC", "torch==2.13.0"))
+    elif not line.startswith("--extra-index-url"):
+        print(line)
+PY
+        "$CONDA_ENVS/$name/bin/python" -m pip install -q -r "$CONDA_ENVS/$name.txt" ;;
+    "activate "*) source "$CONDA_ENVS/$2/bin/activate" ;;
+    *) echo "conda stand-in: $* is not on the getting-started page" >&2; return 2 ;;
+    esac
+}
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32" or not shutil.which("bash"), reason="the Linux path runs in bash")
+def test_the_linux_path_of_getting_started_runs_as_pasted(site, tmp_path):
+    blocks = [block["text"] for block in page(site, "getting-started").blocks if block["heading"] == "Linux"]
+    assert len(blocks) == 1 and "copier copy" in blocks[0]
+    clone = copy_template(tmp_path / TEMPLATE_ADDRESS)  # the folder a reader cloned the repository into
+    for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v"]):
+        subprocess.run(["git", *command], cwd=clone, check=True, capture_output=True)
+    (tmp_path / "envs").mkdir()
+    script = f"set -euo pipefail\n{CONDA_STANDIN}\n{blocks[0]}"
+    env = {
+        **os.environ,
+        "CONDA_ENVS": str(tmp_path / "envs"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
+    result = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "epoch 1/1" in result.stdout
+    assert (tmp_path / "my-ddp" / "outputs" / "model.pt").is_file()
