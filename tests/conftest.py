@@ -89,7 +89,13 @@ class WineCmd:
         }
         self.runs = 0
 
-    def run(self, command: str, exits: dict[str, int] | None = None, path_has_standins: bool = True) -> CmdRun:
+    def run(
+        self,
+        command: str,
+        exits: dict[str, int] | None = None,
+        path_has_standins: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> CmdRun:
         """Run one command line from a driver .bat (Wine re-quotes arguments typed on the Linux side).
 
         The launcher runs under `cmd /c`, whose exit status is the launcher's own `exit /b` code;
@@ -103,6 +109,8 @@ class WineCmd:
         lines.append(f'set "STANDIN_LOG={windows_path(log)}"')
         for program, code in (exits or {}).items():
             lines.append(f'set "STANDIN_EXIT_{program.upper()}={code}"')
+        for name, value in (env or {}).items():
+            lines.append(f'set "{name}={value}"')
         # The outer quotes keep cmd /c from stripping the quotes of a quoted script path.
         lines += [f'cmd /c "{command}"', "echo LAUNCHER_EXIT=%ERRORLEVEL%"]
         driver = self.workdir / f"driver-{self.runs}.bat"

@@ -28,22 +28,47 @@ def launcher(project, name):
 
 
 @pytest.mark.parametrize("name", WINDOWS_SETS)
-def test_train_bat_passes_the_rendered_defaults_then_every_argument(rendered, wine_cmd, name):
+def test_train_bat_passes_only_the_config_then_every_argument(rendered, wine_cmd, name):
+    """configs/train.toml is the one source: the launcher adds no setting of its own, so edits there count."""
     project = rendered(name)
     answers = answers_of(project)
     run = wine_cmd.run(launcher(project, "train.bat") + " " + " ".join(PASSTHROUGH))
     assert run.launcher_exit == 0, run.stdout
-    assert run.programs() == ["python"]
+    assert run.programs() == ["conda", "python"]  # a fresh window: it activates the project's environment first
+    assert run.args("conda") == ["activate", answers["project_name"]]
     assert run.args("python") == [
         "-m", f"{answers['package_name']}.train",
         "--config", windows_path(project / "scripts") + "\\..\\configs\\train.toml",
-        "--nproc-per-node", str(answers["nproc_per_node"]),
-        "--master-port", str(answers["master_port"]),
         *PASSTHROUGH_PARSED,
     ]  # fmt: skip
-    environment = run.env("python")
-    assert environment["USE_LIBUV"] == "0"
-    assert environment["MASTER_ADDR"] == "127.0.0.1"
+    assert run.env("python")["USE_LIBUV"] == "0"
+
+
+def test_train_bat_in_the_projects_active_environment_starts_python_directly(rendered, wine_cmd):
+    project = rendered("windows-cpu-default")
+    run = wine_cmd.run(launcher(project, "train.bat"), env={"CONDA_DEFAULT_ENV": answers_of(project)["project_name"]})
+    assert run.launcher_exit == 0, run.stdout
+    assert run.programs() == ["python"]
+
+
+def test_train_bat_without_the_environment_uses_a_python_that_has_the_project(rendered, wine_cmd):
+    """A venv or a CI runner: conda cannot activate the project's environment, but python can import it."""
+    project = rendered("windows-cpu-default")
+    run = wine_cmd.run(launcher(project, "train.bat"), exits={"conda": 1})
+    assert run.launcher_exit == 0, run.stdout
+    assert run.programs() == ["conda", "python", "python"]
+    probe, train = [line for line in run.records if line.startswith("python arg -")][:2]
+    assert probe == "python arg -c" and "find_spec('my_ddp')" in " ".join(run.args("python"))
+    assert train == "python arg -m"
+
+
+def test_train_bat_with_no_environment_at_all_stops_and_names_the_setup_script(rendered, wine_cmd):
+    project = rendered("windows-cpu-default")
+    run = wine_cmd.run(launcher(project, "train.bat") + " --epochs 1", exits={"conda": 1, "python": 1})
+    assert run.launcher_exit == 1
+    assert 'the conda environment "my-ddp" is not there to activate' in run.stdout
+    assert "Create it once with: scripts\\setup_env.bat" in run.stdout
+    assert run.programs() == ["conda", "python"]  # the probe only: training never started
 
 
 @pytest.mark.parametrize("code", [1, 3, 42])
@@ -85,7 +110,6 @@ def test_setup_env_bat_without_conda_says_how_to_get_it(rendered, wine_cmd):
 
 BAT_SET = re.compile(r'^set "(\w+)=(.*)"$', re.M)
 PS1_SET = re.compile(r"^\$env:(\w+) = '(.*)'$", re.M)
-PS1_PARAM = re.compile(r"^\s+\[int\]\$(\w+) = (\d+),?$", re.M)
 
 
 @pytest.mark.parametrize("name", WINDOWS_SETS)
@@ -94,15 +118,16 @@ def test_train_ps1_mirrors_train_bat(rendered, name):
     answers = answers_of(project)
     bat = (project / "scripts" / "train.bat").read_text(encoding="ascii")
     ps1 = (project / "scripts" / "train.ps1").read_text(encoding="ascii")  # ASCII: PowerShell 5.1 reads UTF-8 as ANSI
-    assert dict(PS1_SET.findall(ps1)) == dict(BAT_SET.findall(bat)) == {"USE_LIBUV": "0", "MASTER_ADDR": "127.0.0.1"}
-    assert dict(PS1_PARAM.findall(ps1)) == {
-        "NprocPerNode": str(answers["nproc_per_node"]),
-        "MasterPort": str(answers["master_port"]),
-    }
-    assert f'python -m {answers["package_name"]}.train --config "$PSScriptRoot\\..\\configs\\train.toml"' in ps1
-    assert "--nproc-per-node $NprocPerNode --master-port $MasterPort @TrainArgs" in ps1
-    assert "[CmdletBinding(PositionalBinding = $false)]" in ps1  # "--epochs 10" must not bind 10 positionally
-    assert "[Parameter(ValueFromRemainingArguments = $true)][string[]]$TrainArgs" in ps1
+    assert dict(PS1_SET.findall(ps1)) == dict(BAT_SET.findall(bat)) == {"USE_LIBUV": "0"}
+    package, name = answers["package_name"], answers["project_name"]
+    # The same three ways to an environment, in the same order: active already, conda activate, an installed project.
+    assert f"if ($env:CONDA_DEFAULT_ENV -ne '{name}')" in ps1 and f'"%CONDA_DEFAULT_ENV%"=="{name}"' in bat
+    assert f"conda activate {name}" in ps1 and f"call conda activate {name}" in bat
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec('{package}') is None)"
+    assert probe in ps1 and probe in bat
+    assert "scripts\\setup_env.ps1" in ps1 and "scripts\\setup_env.bat" in bat
+    assert f'python -m {package}.train --config "$PSScriptRoot\\..\\configs\\train.toml" @args' in ps1
+    assert "param(" not in ps1  # every argument reaches the program; none is taken by the script
     assert "$ErrorActionPreference = 'Stop'" in ps1
     assert ps1.rstrip().endswith("exit $LASTEXITCODE")
 

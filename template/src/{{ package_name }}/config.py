@@ -1,8 +1,8 @@
 """Run settings: configs/train.toml, overridden by command-line flags.
 
 The TOML file holds the defaults rendered from the project's copier answers;
-every field can be overridden on the command line, so the launch scripts only
-pass the rendered process count and port and forward everything else.
+every field can be overridden on the command line. The launch scripts pass only
+`--config` and the user's own arguments, so an edit to the file always counts.
 """
 
 from __future__ import annotations
@@ -216,3 +216,25 @@ def from_command_line(argv: list[str] | None, prog: str) -> Config:
     if found:
         parser.error("; ".join(found))
     return config
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m <package>.config --get NAME[,NAME...] [train flags]`: print settings as training would see them.
+
+    scripts/train.sh asks it for torchrun's layout (processes, nodes, address, port) before torchrun starts,
+    so configs/train.toml and the flags stay the one source, and bad flags are refused before any rank.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__}.config", description=main.__doc__.splitlines()[0])
+    parser.add_argument("--get", required=True, help="comma-separated setting names, e.g. nproc_per_node,master_port")
+    args, train_args = parser.parse_known_args(argv)
+    config = from_command_line(train_args, f"python -m {__package__}.train")
+    names = args.get.split(",")
+    unknown = [name for name in names if name not in {f.name for f in dataclasses.fields(Config)}]
+    if unknown:
+        parser.error(f"unknown setting(s): {', '.join(unknown)}")
+    print(" ".join(str(getattr(config, name)) for name in names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
