@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,36 +27,64 @@ class ConfigError(ValueError):
     """A setting is missing, unknown or out of range; the message says which and how to fix it."""
 
 
+def at_least(low: float) -> Callable[[float], str | None]:
+    return lambda value: None if value >= low else f"must be at least {low}, got {value}"
+
+
+def port(value: int) -> str | None:
+    return None if 1024 <= value <= 65535 else f"must be between 1024 and 65535, got {value}"
+
+
+def positive_finite(value: float) -> str | None:
+    return None if math.isfinite(value) and value > 0 else f"must be a finite number above 0, got {value}"
+
+
+def momentum_range(value: float) -> str | None:
+    return None if 0 <= value < 1 else f"must be at least 0 and below 1, got {value}"
+
+
+def setting(help: str, check: Callable | None = None, choices: tuple = (), aliases: tuple = ()):
+    """One setting: its meaning (shown by --help), its range check and its choices, declared once."""
+    return field(metadata={"help": help, "check": check, "choices": choices, "aliases": aliases})
+
+
 @dataclass
 class Config:
-    """Every field comes from configs/train.toml (the one place defaults live), then flags."""
+    """Every field comes from configs/train.toml (the one place defaults live), then flags.
+
+    The flags, `--help` and the range checks are all generated from these declarations.
+    """
 
     # [train]
-    epochs: int
-    global_batch_size: int
-    lr: float
-    momentum: float
-    seed: int
-    samples: int
-    num_workers: int
-    checkpoint_every: int
-    keep_checkpoints: int
-    output_dir: str
-    resume: str
-    precision: str
-    parallelism: str
-    deterministic: bool
-    progress: bool
+    epochs: int = setting("epochs to train", at_least(1))
+    global_batch_size: int = setting(
+        "samples per optimizer step, summed over all ranks", at_least(1), aliases=("--batch-size",)
+    )
+    lr: float = setting("learning rate (cosine schedule over the whole run)", positive_finite)
+    momentum: float = setting("SGD momentum", momentum_range)
+    seed: int = setting("seed of the weights, the data order and every rank's random streams")
+    samples: int = setting("size of the synthetic data set", at_least(1))
+    num_workers: int = setting("DataLoader worker processes per rank (spawned on Windows)", at_least(0))
+    checkpoint_every: int = setting("steps between checkpoints (0: at the end of each epoch)", at_least(0))
+    keep_checkpoints: int = setting("how many of this run's newest checkpoints to keep", at_least(1))
+    output_dir: str = setting("folder for checkpoints, logs, metrics.csv and model.pt")
+    resume: str = setting("auto (newest good checkpoint in output_dir), none, or a checkpoint path")
+    precision: str = setting("autocast precision; parameters stay fp32", choices=("no", "fp16", "bf16"))
+    parallelism: str = setting(
+        "one device per process, or the model split over 2", choices=("ddp", "ddp_model_parallel")
+    )
+    deterministic: bool = setting("deterministic algorithms only (slower)")
+    progress: bool = setting("progress bar on rank 0 (only when stdout is a terminal)")
     # [distributed]
-    backend: str
-    device: str
-    nproc_per_node: int
-    nnodes: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    timeout_s: int
-    max_restarts: int
+    backend: str = setting("collective backend (Windows: gloo only)", choices=("gloo", "nccl"))
+    device: str = setting("where each rank computes", choices=("cpu", "cuda"))
+    nproc_per_node: int = setting("processes (ranks) to start on this machine", at_least(1))
+    nnodes: int = setting("machines in the job", at_least(1))
+    node_rank: int = setting("this machine's number, 0 to nnodes-1", at_least(0))
+    master_addr: str = setting("address of machine 0 (127.0.0.1 for one machine)")
+    master_port: int = setting("TCP port of the rendezvous on machine 0", port)
+    timeout_s: int = setting("seconds a collective waits for a missing peer", at_least(1))
+    max_restarts: int = setting("restart all ranks from the newest checkpoint after a failure, this often", at_least(0))
     # [environment]: what the project was rendered for; read by the doctor.
     environment: dict = field(default_factory=dict)
 
@@ -69,35 +99,24 @@ class Config:
     def problems(self) -> list[str]:
         """Every reason this configuration cannot train, each with its fix."""
         found = []
-        for name in ("epochs", "global_batch_size", "samples", "nproc_per_node", "nnodes", "timeout_s"):
-            if getattr(self, name) < 1:
-                found.append(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("num_workers", "checkpoint_every", "node_rank", "max_restarts"):
-            if getattr(self, name) < 0:
-                found.append(f"{name} must be 0 or more, got {getattr(self, name)}")
-        if self.keep_checkpoints < 1:
-            found.append(f"keep_checkpoints must be at least 1, got {self.keep_checkpoints}")
-        if self.lr <= 0:
-            found.append(f"lr must be positive, got {self.lr}")
-        if not 1024 <= self.master_port <= 65535:
-            found.append(f"master_port must be between 1024 and 65535, got {self.master_port}")
-        if self.nnodes >= 1 and self.node_rank >= self.nnodes:
+        for setting_field in SETTINGS:
+            value = getattr(self, setting_field.name)
+            check, choices = setting_field.metadata["check"], setting_field.metadata["choices"]
+            reason = check(value) if check else None
+            if choices and value not in choices:
+                reason = f"must be one of {', '.join(choices)}, got {value!r}"
+            if reason:
+                found.append(f"{setting_field.name} {reason}")
+        if found:
+            return found  # the rules below assume every value is in range
+        if self.node_rank >= self.nnodes:
             found.append(f"node_rank must be below nnodes={self.nnodes}, got {self.node_rank}")
-        choices = {
-            "precision": ("no", "fp16", "bf16"),
-            "parallelism": ("ddp", "ddp_model_parallel"),
-            "backend": ("gloo", "nccl"),
-            "device": ("cpu", "cuda"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                found.append(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if self.world_size >= 1 and self.global_batch_size % self.world_size:
+        if self.global_batch_size % self.world_size:
             found.append(
                 f"global_batch_size={self.global_batch_size} must divide evenly over "
                 f"{self.world_size} processes; use a multiple of {self.world_size}"
             )
-        if self.global_batch_size > self.samples >= 1:
+        if self.global_batch_size > self.samples:
             found.append(f"global_batch_size={self.global_batch_size} is larger than samples={self.samples}")
         if self.precision == "fp16" and self.device != "cuda":
             found.append("precision=fp16 needs device=cuda; use precision=bf16 on the CPU")
@@ -106,6 +125,9 @@ class Config:
         if self.master_addr.lower() == "localhost":
             found.append('master_addr "localhost" can resolve to IPv6 or a Docker hosts entry; use 127.0.0.1')
         return found
+
+
+SETTINGS = [f for f in dataclasses.fields(Config) if f.name != "environment"]
 
 
 _SECTIONS = ("train", "distributed")
@@ -140,78 +162,46 @@ def load(path: Path) -> Config:
     return Config(**values)
 
 
-def _positive_or_zero(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+_FLAG_TYPES = {"int": int, "float": float, "str": str}
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1024 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be between 1024 and 65535, got {value}")
-    return value
-
-
-def build_parser(prog: str) -> argparse.ArgumentParser:
+def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentParser:
+    """A flag per setting, generated from Config; --help shows each one's meaning and its value in the file."""
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Train the toy model with DistributedDataParallel. "
-        "Run plainly, it starts its own ranks; under torchrun it joins as one rank.",
+        description="Train with DistributedDataParallel. Run plainly, it starts its own ranks; "
+        "under torchrun it joins as one rank. Every flag overrides the same setting in the config file.",
     )
-    add = parser.add_argument
-    add("--config", type=Path, default=DEFAULT_CONFIG, help="TOML settings file (default: %(default)s)")
-    add("--epochs", type=_at_least_one)
-    add(
-        "--global-batch-size",
-        "--batch-size",
-        type=_at_least_one,
-        dest="global_batch_size",
-        help="samples per optimizer step, summed over all ranks",
-    )
-    add("--lr", type=float)
-    add("--seed", type=int)
-    add("--samples", type=_at_least_one, help="size of the synthetic data set")
-    add("--num-workers", type=_positive_or_zero, help="DataLoader worker processes per rank")
-    add("--checkpoint-every", type=_positive_or_zero, help="steps between checkpoints (0: end of each epoch)")
-    add("--keep-checkpoints", type=_at_least_one)
-    add("--output-dir")
-    add("--resume", help="auto (newest good checkpoint in the output dir), none, or a checkpoint path")
-    add("--precision", choices=("no", "fp16", "bf16"))
-    add("--parallelism", choices=("ddp", "ddp_model_parallel"))
-    add("--deterministic", action=argparse.BooleanOptionalAction, default=None)
-    add("--progress", action=argparse.BooleanOptionalAction, default=None,
-        help="progress bar on rank 0 (only when stdout is a terminal)")  # fmt: skip
-    add("--backend", choices=("gloo", "nccl"))
-    add("--device", choices=("cpu", "cuda"))
-    add("--nproc-per-node", type=_at_least_one, help="processes to start on this machine")
-    add("--nnodes", type=_at_least_one)
-    add("--node-rank", type=_positive_or_zero)
-    add("--master-addr")
-    add("--master-port", type=_port)
-    add("--timeout-s", type=_at_least_one, help="seconds a collective may wait for a peer")
-    add("--max-restarts", type=_positive_or_zero, help="restart all ranks from the newest checkpoint after a failure")
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="TOML settings file (default: %(default)s)")
+    for setting_field in SETTINGS:
+        meta = setting_field.metadata
+        flags = ["--" + setting_field.name.replace("_", "-"), *meta["aliases"]]
+        now = f" (config: {getattr(current, setting_field.name)!r})" if current else ""
+        options: dict = {"dest": setting_field.name, "default": None, "help": meta["help"] + now}
+        if setting_field.type == "bool":
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options["type"] = _FLAG_TYPES[setting_field.type]
+            options["metavar"] = setting_field.type.upper()
+            if meta["choices"]:
+                options["choices"] = meta["choices"]
+                options["metavar"] = "{" + ",".join(meta["choices"]) + "}"
+        parser.add_argument(*flags, **options)
     return parser
 
 
 def from_command_line(argv: list[str] | None, prog: str) -> Config:
     """Config file, then flags; exits with status 2 and a one-line reason on bad input."""
-    parser = build_parser(prog)
-    args = vars(parser.parse_args(argv))
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     try:
-        config = load(args.pop("config"))
+        config = load(first.parse_known_args(argv)[0].config)
     except ConfigError as error:
-        parser.error(str(error))
-    overrides = {key: value for key, value in args.items() if value is not None}
-    config = dataclasses.replace(config, **overrides)
+        build_parser(prog).error(str(error))
+    parser = build_parser(prog, current=config)
+    args = vars(parser.parse_args(argv))
+    args.pop("config")
+    config = dataclasses.replace(config, **{key: value for key, value in args.items() if value is not None})
     found = config.problems()
     if found:
         parser.error("; ".join(found))

@@ -92,6 +92,16 @@ def compare(config: Config) -> list[Finding]:
                 "fix: conda env update -f environment.yml --prune, then conda activate it",
             )
         )
+    here = "windows" if sys.platform == "win32" else "linux" if sys.platform.startswith("linux") else sys.platform
+    target = wanted.get("target_os")
+    if target in ("windows", "linux") and here != target:
+        found.append(
+            Finding(
+                "warn",
+                f"this project was generated for {target}, this machine runs {here}: its launchers and defaults "
+                f"are {target}'s; fix: copier update --defaults --data target_os=both",
+            )
+        )
     if config.device == "cuda":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         needed = config.nproc_per_node * (2 if config.parallelism == "ddp_model_parallel" else 1)

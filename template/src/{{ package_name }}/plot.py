@@ -28,18 +28,30 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print(f"error: {PROG} needs matplotlib: pip install matplotlib (or pip install -e .[plot])", file=sys.stderr)
         return 1
+    from matplotlib.ticker import MaxNLocator
+
     with open(metrics, encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
+        # An epoch trained again after a resume has two rows: the later one is the run's.
+        rows = sorted({int(row["epoch"]): row for row in csv.DictReader(handle)}.values(), key=lambda r: int(r["epoch"]))
     epochs = [int(row["epoch"]) for row in rows]
-    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(9, 3.5))
+    # The first epoch finished after each resume (column absent in files from older versions).
+    resumes = [int(row["epoch"]) for row in rows if row.get("resumed") == "1"]
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(9, 3.8))
+    figure.suptitle(f"run: {args.output_dir.resolve().name}")
     loss_axes.plot(epochs, [float(row["loss"]) for row in rows], marker="o")
-    loss_axes.set(title="loss", xlabel="epoch")
+    loss_axes.set(title="training loss", xlabel="epoch", ylabel="cross-entropy loss")
     accuracy_axes.plot(epochs, [float(row["accuracy"]) for row in rows], marker="o", color="tab:green")
-    accuracy_axes.set(title="accuracy", xlabel="epoch", ylim=(0, 1))
+    accuracy_axes.set(title="training accuracy", xlabel="epoch", ylabel="accuracy", ylim=(0, 1))
+    for axes in (loss_axes, accuracy_axes):
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        for number, epoch in enumerate(resumes):
+            axes.axvline(epoch - 0.5, color="gray", linestyle="--", label="resumed" if number == 0 else None)
+    if resumes:
+        loss_axes.legend()
     figure.tight_layout()
     target = args.output_dir / "curves.png"
     figure.savefig(target, dpi=100)
-    print(f"wrote {target}")
+    print(f"wrote {target}" + (f" (resumed before epoch {', '.join(map(str, resumes))})" if resumes else ""))
     return 0
 
 

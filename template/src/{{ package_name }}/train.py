@@ -20,6 +20,7 @@ import math
 import os
 import platform
 import random
+import shlex
 import subprocess
 import sys
 import threading
@@ -38,6 +39,7 @@ from . import __version__, checkpoint
 from .config import Config, from_command_line
 from .data import make_dataset
 from .distributed import (
+    INTERRUPTED,
     LaunchError,
     RankInfo,
     cleanup,
@@ -164,6 +166,7 @@ class Trainer:
         self.step_in_epoch = 0
         self.global_step = 0
         self.first_step_at: float | None = None  # wall clock, for launch-time measurements
+        self.resumed = False  # marks the first epoch after a resume in metrics.csv (and the plot)
         self.crash_at = crash_step(info.rank)
 
     # -- state -------------------------------------------------------------
@@ -234,7 +237,16 @@ class Trainer:
             path = Path(choice)
             state = checkpoint.load(path)
         self.load_state(state)
-        self.log.info(f"resumed from {path} (epoch {self.epoch}, step {self.step_in_epoch} of that epoch)")
+        self.resumed = True
+        self.log.info(f"resumed from {path}: {self.where_training_continues()}")
+
+    def where_training_continues(self) -> str:
+        epochs, steps = self.config.epochs, self.config.steps_per_epoch
+        if self.epoch >= epochs:
+            return f"all {epochs} epochs were already trained"
+        if self.step_in_epoch:
+            return f"continuing in epoch {self.epoch + 1}/{epochs} at step {self.step_in_epoch + 1} of {steps}"
+        return f"continuing at epoch {self.epoch + 1}/{epochs}"
 
     def save(self) -> None:
         """Rank 0 writes; everyone waits so no rank runs ahead of a checkpoint."""
@@ -305,7 +317,9 @@ class Trainer:
                 "accuracy": round(correct / seen, 4),
                 "lr": f"{self.scheduler.get_last_lr()[0]:.6g}",
                 "samples_per_s": round(seen / seconds, 1) if seconds > 0 else math.inf,
+                "resumed": int(self.resumed),
             }
+            self.resumed = False
             self.log.info(
                 f"epoch {row['epoch']}/{self.config.epochs}  loss {row['loss']:.4f}  "
                 f"accuracy {row['accuracy']:.3f}  ({row['samples_per_s']} samples/s)"
@@ -395,10 +409,14 @@ def crash(global_step: int) -> None:
 
 
 def append_metrics(path: Path, row: dict) -> None:
-    """Add one row; the whole (small) file is rewritten durably, so it is never left half-written."""
+    """Add one row; the whole (small) file is rewritten durably, so it is never left half-written.
+
+    A file written by an older version keeps its own columns, so every row stays under its header.
+    """
     text = path.read_text(encoding="utf-8") if path.exists() else ""
+    columns = next(csv.reader([text.splitlines()[0]])) if text else list(row)
     line = io.StringIO()
-    writer = csv.DictWriter(line, fieldnames=list(row), lineterminator="\n")
+    writer = csv.DictWriter(line, fieldnames=columns, lineterminator="\n", restval="", extrasaction="ignore")
     if not text:
         writer.writeheader()
     writer.writerow(row)
@@ -481,6 +499,20 @@ def torchrun_layout(config: Config) -> Config:
     )
 
 
+def resume_command(argv: list[str] | None) -> str:
+    """The command that was run, with --resume auto instead of any --resume it had."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    kept = []
+    while args:
+        arg = args.pop(0)
+        if arg == "--resume" and args:
+            args.pop(0)
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    command = [*PROG.split(), *kept, "--resume", "auto"]
+    return subprocess.list2cmdline(command) if sys.platform == "win32" else shlex.join(command)
+
+
 def main(argv: list[str] | None = None) -> int:
     config = from_command_line(argv, PROG)
     if under_torchrun():
@@ -491,7 +523,10 @@ def main(argv: list[str] | None = None) -> int:
         if under_torchrun():
             run_rank(config, torchrun_rank())
             return 0
-        return spawn(run_rank, config)
+        status = spawn(run_rank, config)
+        if status == INTERRUPTED:
+            print(f"to continue from the newest checkpoint: {resume_command(argv)}", file=sys.stderr, flush=True)
+        return status
     except (LaunchError, checkpoint.CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
