@@ -2,7 +2,8 @@
 
 The site is built once per test session (strict: any warning fails). The pages' numbered steps must
 render as one list, command blocks must hold only commands and comments, every `copier copy` must name
-the template by its one address, and the Linux path of getting-started must run as pasted.
+the template by its one address, and the Linux path of getting-started must run as pasted (which also
+installs the rendered environment.yml's pip section into a fresh environment).
 """
 
 from __future__ import annotations
@@ -202,3 +203,11 @@ def test_the_linux_path_of_getting_started_runs_as_pasted(site, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "epoch 1/1" in result.stdout
     assert (tmp_path / "my-ddp" / "outputs" / "model.pt").is_file()
+    # The environment came from the rendered environment.yml, with only the torch line swapped for this machine.
+    installed = subprocess.run([str(tmp_path / "envs" / "my-ddp" / "bin" / "python"), "-c",
+                                "import torch, numpy, tqdm, my_ddp.doctor; print(torch.__version__)"],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    spec = os.environ.get("TORCH_SPEC", "torch==2.13.0")
+    if "==" in spec:
+        assert installed.stdout.strip().startswith(spec.split("==")[1])

@@ -8,6 +8,7 @@ weights_only=True: a checkpoint holds only tensors and plain Python values.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -67,11 +68,24 @@ def load(path: Path) -> dict:
     return state
 
 
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to <name>.damaged, so nothing later overwrites it and it can be inspected."""
+    aside = path.with_name(path.name + ".damaged")
+    os.replace(path, aside)
+    return aside
+
+
 def load_newest_good(output_dir: str | Path, warn) -> tuple[Path, dict] | None:
-    """The newest checkpoint that loads; damaged ones are reported and skipped."""
-    for candidate in existing(output_dir):
+    """The newest checkpoint that loads. Damaged ones are reported and set aside (rank 0 alone calls this)."""
+    candidates = existing(output_dir)
+    for candidate in candidates:
         try:
             return candidate, load(candidate)
         except CheckpointError as error:
-            warn(f"{error}; falling back to the checkpoint before it")
+            warn(f"{error}; set aside as {set_aside(candidate).name}; falling back to the checkpoint before it")
+    if candidates:
+        warn(
+            f"no checkpoint in {directory(output_dir)} loads (all {len(candidates)} were damaged and set aside as "
+            "*.damaged): training starts from scratch"
+        )
     return None

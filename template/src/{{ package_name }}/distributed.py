@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import multiprocessing.connection
 import os
 import signal
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -136,6 +140,33 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
+def die_with_the_launcher() -> None:
+    """Stop this rank within about a second once the process that started it is gone.
+
+    A launcher killed outright (SIGKILL, the task manager, its console window closed) cannot stop its
+    ranks, which would train on, write to the output folder and hold their GPUs. Spawned ranks wait on
+    their parent's sentinel (Windows and POSIX); ranks under torchrun notice that they were re-parented.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None and WINDOWS:
+        return  # not started by multiprocessing: torchrun is Linux-only here
+    original_parent = os.getppid()
+
+    def launcher_gone() -> bool:
+        if parent is not None:
+            return bool(multiprocessing.connection.wait([parent.sentinel], timeout=1.0))
+        time.sleep(1.0)
+        return os.getppid() != original_parent
+
+    def watch() -> None:
+        while not launcher_gone():
+            pass
+        print(f"rank (pid {os.getpid()}) stopping: its launcher is gone", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
 def _spawned_rank(local_rank: int, worker: Callable[[Config, RankInfo], None], config: Config) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it)."""
     info = RankInfo(
@@ -239,11 +270,9 @@ def _run_ranks(worker: Callable[[Config, RankInfo], None], config: Config) -> in
     except mp.ProcessRaisedException as failure:
         _stop(context.processes)
         reason = [line for line in str(failure).splitlines() if line.strip()][-1]
-        print(
-            f"error: rank {failure.error_index} failed: {reason} (details: logs/rank*.log in the output dir)",
-            file=sys.stderr,
-            flush=True,
-        )
+        logs = Path(config.output_dir) / "logs"
+        details = f" (details: {logs / 'rank*.log'})" if logs.is_dir() else ""  # only where logs were written
+        print(f"error: rank {failure.error_index} failed: {reason}{details}", file=sys.stderr, flush=True)
         return 1
     except mp.ProcessExitedException as failure:
         _stop(context.processes)

@@ -7,6 +7,9 @@ The steps, in this order:
 3. os.replace it over the final name (atomic on Windows and POSIX);
 4. fsync the folder on POSIX, so the rename itself survives a power cut (Windows cannot open folders).
 
+A write that runs out of disk space removes its temporary file and stops with "no space left on device
+while writing <file>", so every earlier file stays as it was.
+
 On Windows an antivirus scanner, the search indexer or a OneDrive/Dropbox client can hold a file for a
 moment, and os.replace then fails with WinError 5 or 32. Those two errors are retried for about two
 seconds before the write gives up with a message that names the file and what usually holds it.
@@ -14,7 +17,9 @@ seconds before the write gives up with a message that names the file and what us
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -42,10 +47,26 @@ def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         temporary.unlink(missing_ok=True)  # never leave a partial file behind
+        if isinstance(error, Exception) and disk_full(error, path.parent):
+            # torch.save reports a full disk as "inline_container.cc:... unexpected pos": say what it is.
+            raise WriteError(
+                f"no space left on device while writing {path}: free space on that disk, or set output_dir to "
+                "a folder on another one, then resume (--resume auto). Earlier checkpoints are intact."
+            ) from error
         raise
     sync_folder(path.parent)
+
+
+def disk_full(error: Exception, folder: Path) -> bool:
+    """Whether a failed write ran out of space (ENOSPC, or torch's own error with the disk found full)."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    try:
+        return shutil.disk_usage(folder).free < 1 << 20
+    except OSError:
+        return False
 
 
 def write_text_durably(path: Path, text: str) -> None:

@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with open(metrics, encoding="utf-8") as handle:
         # An epoch trained again after a resume has two rows: the later one is the run's.
-        rows = sorted({int(row["epoch"]): row for row in csv.DictReader(handle)}.values(), key=lambda r: int(r["epoch"]))
+        latest = {int(row["epoch"]): row for row in csv.DictReader(handle)}
+    rows = [latest[epoch] for epoch in sorted(latest)]
     epochs = [int(row["epoch"]) for row in rows]
     # The first epoch finished after each resume (column absent in files from older versions).
     resumes = [int(row["epoch"]) for row in rows if row.get("resumed") == "1"]

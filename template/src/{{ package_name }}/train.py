@@ -44,6 +44,7 @@ from .distributed import (
     RankInfo,
     cleanup,
     devices_for,
+    die_with_the_launcher,
     ignore_interrupts_in_children,
     init_process_group,
     restart_count,
@@ -228,17 +229,42 @@ class Trainer:
         choice = self.config.resume
         if choice == "none":
             return
+        state = None
         if choice == "auto":
-            found = checkpoint.load_newest_good(self.output_dir, self.log.warning)
-            if found is None:
+            # Rank 0 picks (and sets damaged files aside); every rank then loads the one it picked.
+            picked = [None]
+            if self.info.rank == 0:
+                found = checkpoint.load_newest_good(self.output_dir, self.log.warning)
+                picked, state = ([str(found[0])], found[1]) if found else ([None], None)
+            dist.broadcast_object_list(picked, src=0)
+            if picked[0] is None:
                 return
-            path, state = found
+            path = Path(picked[0])
         else:
             path = Path(choice)
-            state = checkpoint.load(path)
+        state = state or checkpoint.load(path)
         self.load_state(state)
+        self.fit_schedule_to_this_run(state)
         self.resumed = True
         self.log.info(f"resumed from {path}: {self.where_training_continues()}")
+
+    def fit_schedule_to_this_run(self, state: dict) -> None:
+        """A resume with another --epochs stretches (or shrinks) the cosine schedule to the new length, and says so."""
+        total = self.config.epochs * self.config.steps_per_epoch
+        if self.scheduler.T_max == total:
+            return
+        trained_for = state.get("config", {}).get("epochs", "?")
+        self.scheduler.T_max = total
+        # The closed form at this step of the new schedule; the scheduler's steps then follow that curve.
+        cosine = (1 + math.cos(math.pi * min(self.global_step, total) / total)) / 2
+        low = self.scheduler.eta_min
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = low + (base - low) * cosine
+        self.log.warning(
+            f"epochs changed from {trained_for} to {self.config.epochs}: the learning-rate schedule now spans "
+            f"{self.config.epochs} epochs ({total} steps) and continues at step {self.global_step} with lr "
+            f"{self.optimizer.param_groups[0]['lr']:.6g}"
+        )
 
     def where_training_continues(self) -> str:
         epochs, steps = self.config.epochs, self.config.steps_per_epoch
@@ -447,6 +473,7 @@ def write_run_record(config: Config, info: RankInfo) -> None:
 
 def run_rank(config: Config, info: RankInfo) -> None:
     """Everything one rank does, from process-group start to clean-up."""
+    die_with_the_launcher()
     if not under_torchrun():
         ignore_interrupts_in_children()
     output_dir = Path(config.output_dir)
