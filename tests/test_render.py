@@ -20,9 +20,9 @@ from render import ANSWER_SETS, TEMPLATE
 REQUIRED = [
     "environment.yml", "pyproject.toml", ".gitattributes", ".copier-answers.yml", "configs/train.toml",
     "scripts/train.bat", "scripts/train.ps1", "scripts/train.sh", "scripts/setup_env.bat", "scripts/setup_env.ps1",
-    "README.md", "tests/conftest.py", "tests/test_ddp.py", ".github/workflows/ci.yml",
+    "README.md", "tests/conftest.py", "tests/test_ddp.py", ".github/workflows/ci.yml", ".gitignore",
 ]  # fmt: skip
-PACKAGE_MODULES = ["__init__", "model", "data", "distributed", "train", "checkpoint", "config", "doctor"]
+PACKAGE_MODULES = ["__init__", "model", "data", "distributed", "train", "checkpoint", "config", "doctor", "files"]
 COMPUTED = ["dist_backend", "world_size", "torch_index_url", "torch_pin", "support_matrix", "torch_series"]
 
 
@@ -37,6 +37,7 @@ def test_render_has_every_file(rendered, name):
     missing = [path for path in REQUIRED if not (project / path).is_file()]
     missing += [m for m in PACKAGE_MODULES if not (project / "src" / package / f"{m}.py").is_file()]
     assert missing == []
+    assert {"outputs/", "__pycache__/", "*.egg-info/"} <= set((project / ".gitignore").read_text().splitlines())
 
 
 @pytest.mark.parametrize("name", ANSWER_SETS)
