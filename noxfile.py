@@ -84,11 +84,12 @@ class SharedEnv:
         if self.location.exists():
             shutil.rmtree(self.location)
         session.run(sys.executable, "-m", "venv", str(self.location), external=True)
-        # --no-compile: byte-compiling all of torch takes longer than the install; modules compile when imported.
+        # Byte-compiled at install (pip's default): where PYTHONDONTWRITEBYTECODE is set, as on our CI machines,
+        # nothing compiles later, and every `import torch` from source took several times longer.
         if torch:  # first and alone: TORCH_INDEX_URL serves torch, not the other packages
             index = ["--index-url", TORCH_INDEX_URL] if TORCH_INDEX_URL else []
-            self.pip("install", "-q", "--no-compile", TORCH_SPEC, *index)
-        self.pip("install", "-q", "--no-compile", *requirements)
+            self.pip("install", "-q", TORCH_SPEC, *index)
+        self.pip("install", "-q", *requirements)
         stamp.write_text(wanted, encoding="utf-8")
 
     def pip(self, *args: str) -> None:

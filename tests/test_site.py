@@ -177,7 +177,7 @@ for line in pip:
     elif not line.startswith("--extra-index-url"):
         print(line)
 PY
-        "$CONDA_ENVS/$name/bin/python" -m pip install -q --no-compile -r "$CONDA_ENVS/$name.txt" ;;
+        "$CONDA_ENVS/$name/bin/python" -m pip install -q -r "$CONDA_ENVS/$name.txt" ;;
     "activate "*) source "$CONDA_ENVS/$2/bin/activate" ;;
     *) echo "conda stand-in: $* is not on the getting-started page" >&2; return 2 ;;
     esac
