@@ -54,7 +54,7 @@ TIERS = {
 FAST_TIER = "not slow"
 # The slow scenarios wait on timeouts, kills and restarts as much as they compute: two at a time is
 # about 15 % faster on 2 cores. The fast tier alone gains nothing from it (each worker starts its own reference run).
-WORKERS = {"windows-cpu-default": ["-n", "2"]}
+WORKERS = {name: ["-n", "2"] for name in TIERS}
 
 # docs is not in the default run: tests/test_site.py builds the site (strict) and tests the HTML.
 nox.options.sessions = ["lint", "tests", "update", "render_and_test"]
