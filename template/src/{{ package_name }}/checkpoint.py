@@ -4,10 +4,14 @@ Only rank 0 writes, through files.write_durably (temporary file, fsync,
 os.replace, fsync of the folder), so a crash or a power cut mid-save leaves
 the previous checkpoint intact. Loading uses
 weights_only=True: a checkpoint holds only tensors and plain Python values.
+Each file carries a SHA-256 of its contents, checked on load, so a flipped
+byte is caught instead of trained on. Each name carries the run's identity
+(step-00000016-<run id>.pt): a run lists, resumes from and prunes only its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -16,7 +20,8 @@ import torch
 
 from .files import write_durably
 
-_NAME = re.compile(r"^step-(\d{8})\.pt$")
+_NAME = re.compile(r"^step-(\d{8})-([0-9a-f]{8})\.pt$")
+CHECKSUM = "sha256"
 
 
 class CheckpointError(RuntimeError):
@@ -27,27 +32,59 @@ def directory(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def path_for(output_dir: str | Path, global_step: int) -> Path:
-    return directory(output_dir) / f"step-{global_step:08d}.pt"
+def path_for(output_dir: str | Path, global_step: int, run_id: str) -> Path:
+    return directory(output_dir) / f"step-{global_step:08d}-{run_id}.pt"
+
+
+def fingerprint(value, digest=None) -> str:
+    """SHA-256 over every tensor's bytes and every plain value, in a fixed order."""
+    digest = digest or hashlib.sha256()
+    if isinstance(value, dict):
+        for key in sorted(value, key=str):
+            if key != CHECKSUM:
+                digest.update(repr(key).encode())
+                fingerprint(value[key], digest)
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"[{len(value)}".encode())
+        for item in value:
+            fingerprint(item, digest)
+    elif isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{flat.dtype}{tuple(value.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    else:
+        digest.update(repr(value).encode())
+    return digest.hexdigest()
 
 
 def save_atomic(state: dict, path: Path) -> None:
+    state = {**state, CHECKSUM: fingerprint(state)}
     write_durably(path, lambda handle: torch.save(state, handle))
 
 
-def existing(output_dir: str | Path) -> list[Path]:
-    """Finished checkpoints, newest first (temporary files are never listed)."""
+def existing(output_dir: str | Path, run_id: str | None) -> list[Path]:
+    """The run's finished checkpoints, newest first (temporary files and other runs' files are never listed)."""
     folder = directory(output_dir)
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if _NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)), reverse=True)
+    steps = {}
+    for path in folder.iterdir():
+        match = _NAME.match(path.name)
+        if match and match.group(2) == run_id:
+            steps[path] = int(match.group(1))
+    return sorted(steps, key=steps.get, reverse=True)
 
 
-def prune(output_dir: str | Path, keep: int) -> None:
-    """Keep the newest `keep` checkpoints; also drop temporary files a killed save left behind
+def any_checkpoint(output_dir: str | Path) -> bool:
+    """Whether the folder holds a checkpoint of any run, or of an older version without run names."""
+    folder = directory(output_dir)
+    return folder.is_dir() and any(path.suffix == ".pt" for path in folder.iterdir())
+
+
+def prune(output_dir: str | Path, run_id: str, keep: int) -> None:
+    """Keep the run's newest `keep` checkpoints; also drop temporary files a killed save left behind
     (only rank 0 writes, one save at a time, so no other save is in flight here)."""
-    for old in existing(output_dir)[keep:]:
+    for old in existing(output_dir, run_id)[keep:]:
         old.unlink(missing_ok=True)
     for leftover in directory(output_dir).glob("*.pt.tmp"):
         leftover.unlink(missing_ok=True)
@@ -65,6 +102,8 @@ def load(path: Path) -> dict:
         ) from None
     if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
         raise CheckpointError(f"checkpoint {path} does not hold a training state (no model or global_step)")
+    if CHECKSUM in state and state[CHECKSUM] != fingerprint(state):
+        raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match its {CHECKSUM} checksum)")
     return state
 
 
@@ -75,9 +114,9 @@ def set_aside(path: Path) -> Path:
     return aside
 
 
-def load_newest_good(output_dir: str | Path, warn) -> tuple[Path, dict] | None:
-    """The newest checkpoint that loads. Damaged ones are reported and set aside (rank 0 alone calls this)."""
-    candidates = existing(output_dir)
+def load_newest_good(output_dir: str | Path, run_id: str, warn) -> tuple[Path, dict] | None:
+    """The run's newest checkpoint that loads. Damaged ones are reported and set aside (rank 0 alone calls this)."""
+    candidates = existing(output_dir, run_id)
     for candidate in candidates:
         try:
             return candidate, load(candidate)

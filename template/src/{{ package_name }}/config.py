@@ -57,8 +57,12 @@ class Config:
 
     # [train]
     epochs: int = setting("epochs to train", at_least(1))
+    recipe: str = setting("module that builds the model, data, optimizer, schedule, loss and metric")
     global_batch_size: int = setting(
-        "samples per optimizer step, summed over all ranks", at_least(1), aliases=("--batch-size",)
+        "samples per optimizer step, summed over all ranks and micro-batches", at_least(1), aliases=("--batch-size",)
+    )
+    accumulate_steps: int = setting(
+        "micro-batches per optimizer step on each rank (gradient accumulation)", at_least(1)
     )
     lr: float = setting("learning rate (cosine schedule over the whole run)", positive_finite)
     momentum: float = setting("SGD momentum", momentum_range)
@@ -69,6 +73,10 @@ class Config:
     keep_checkpoints: int = setting("how many of this run's newest checkpoints to keep", at_least(1))
     output_dir: str = setting("folder for checkpoints, logs, metrics.csv and model.pt")
     resume: str = setting("auto (newest good checkpoint in output_dir), none, or a checkpoint path")
+    overwrite: bool = setting("let a new run replace what another run left in output_dir")
+    best_metric: str = setting("metrics.csv column that picks best.pt: val_loss or val_<the recipe's metric>")
+    best_mode: str = setting("whether best_metric is best when lowest or highest", choices=("min", "max"))
+    stop_on_nonfinite_loss: bool = setting("stop when the loss turns NaN or infinite, keeping the last good checkpoint")
     precision: str = setting("autocast precision; parameters stay fp32", choices=("no", "fp16", "bf16"))
     parallelism: str = setting(
         "one device per process, or the model split over 2", choices=("ddp", "ddp_model_parallel")
@@ -93,8 +101,9 @@ class Config:
         return self.nnodes * self.nproc_per_node
 
     @property
-    def steps_per_epoch(self) -> int:
-        return self.samples // self.global_batch_size
+    def micro_batch(self) -> int:
+        """Samples each rank puts through the model at once."""
+        return self.global_batch_size // (self.world_size * self.accumulate_steps)
 
     def problems(self) -> list[str]:
         """Every reason this configuration cannot train, each with its fix."""
@@ -111,13 +120,12 @@ class Config:
             return found  # the rules below assume every value is in range
         if self.node_rank >= self.nnodes:
             found.append(f"node_rank must be below nnodes={self.nnodes}, got {self.node_rank}")
-        if self.global_batch_size % self.world_size:
+        parts = self.world_size * self.accumulate_steps
+        if self.global_batch_size % parts:
             found.append(
-                f"global_batch_size={self.global_batch_size} must divide evenly over "
-                f"{self.world_size} processes; use a multiple of {self.world_size}"
+                f"global_batch_size={self.global_batch_size} must divide evenly over {self.world_size} processes"
+                f" x accumulate_steps={self.accumulate_steps}; use a multiple of {parts}"
             )
-        if self.global_batch_size > self.samples:
-            found.append(f"global_batch_size={self.global_batch_size} is larger than samples={self.samples}")
         if self.precision == "fp16" and self.device != "cuda":
             found.append("precision=fp16 needs device=cuda; use precision=bf16 on the CPU")
         if self.backend == "nccl" and self.device != "cuda":

@@ -8,6 +8,8 @@ Windows facts encoded here (docs/troubleshooting.md in the template explains eac
 - torchrun's rendezvous also needs libuv on Windows, so the program starts its
   own ranks with torch.multiprocessing (spawn) there; torchrun stays a Linux option.
 - "localhost" can resolve to IPv6 or a Docker hosts entry: 127.0.0.1 on one machine.
+- A program that listens beyond loopback triggers the Windows Defender Firewall prompt: ranks on one
+  machine meet through a file (FileStore) and gloo listens on 127.0.0.1 (gloo_binding).
 - Windows has only the spawn start method: workers are top-level functions and
   the entry point sits behind `if __name__ == "__main__":`.
 """
@@ -16,11 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -57,27 +62,52 @@ def rendezvous_environment(config: Config, platform: str = sys.platform) -> dict
     """Variables every rank needs before init_process_group, for the given OS."""
     env = {"MASTER_ADDR": config.master_addr, "MASTER_PORT": str(config.master_port)}
     if platform == "win32":
-        env["USE_LIBUV"] = "0"
+        env["USE_LIBUV"] = "0"  # Windows wheels have no libuv; the TCP store of a multi-node job would ask for it
     return env
 
 
-def check_backend(config: Config, platform: str = sys.platform) -> None:
+def gpus_needed(config: Config) -> int:
+    return config.nproc_per_node * (2 if config.parallelism == "ddp_model_parallel" else 1)
+
+
+def backend_problems(config: Config, platform: str = sys.platform) -> list[str]:
+    """Why this machine's torch cannot run the configured backend and devices, each with its fix.
+
+    The one copy of these rules: training refuses to start on them, the doctor reports them.
+    """
+    train = f"python -m {__package__}.train"
+    found = []
     if config.backend == "nccl" and platform == "win32":
-        raise LaunchError(
+        found.append(
             "backend=nccl is not available on Windows (PyTorch never builds NCCL there); "
             'use --backend gloo or set backend = "gloo" in configs/train.toml'
         )
-    if config.backend == "nccl" and not dist.is_nccl_available():
-        raise LaunchError("this torch build has no NCCL; use --backend gloo")
+    elif config.backend == "nccl" and not dist.is_nccl_available():
+        found.append(f"backend nccl is not in this torch build; fix: {train} --backend gloo")
+    if config.backend == "gloo" and not dist.is_gloo_available():
+        found.append("backend gloo is not in this torch build; fix: reinstall torch from environment.yml")
+    installed = torch.__version__.split("+")[0]
+    if platform == "win32" and installed.startswith(("2.8.", "2.9.")):
+        found.append(
+            f"torch {installed} on Windows cannot start gloo (makeDeviceForHostname(): unsupported gloo device); "
+            "fix: pin torch 2.7.1 or >= 2.10 in environment.yml and run scripts\\setup_env.bat"
+        )
     if config.device == "cuda":
-        needed = config.nproc_per_node * (2 if config.parallelism == "ddp_model_parallel" else 1)
-        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if found < needed:
-            raise LaunchError(
-                f"device=cuda with {config.nproc_per_node} process(es) and parallelism={config.parallelism} "
-                f"needs {needed} GPU(s), this machine shows {found}; "
-                "run `python -m <package>.doctor`, or use --device cpu / a smaller --nproc-per-node"
+        needed, gpus = gpus_needed(config), torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < needed:
+            found.append(
+                f"{needed} GPU(s) needed for {config.nproc_per_node} process(es) with parallelism="
+                f"{config.parallelism}, {gpus} visible; fix: install the CUDA build of environment.yml, check "
+                f"nvidia-smi (python -m {__package__}.doctor), or train with fewer: {train} --nproc-per-node "
+                f"{max(gpus, 1)}" + ("" if gpus else " --device cpu --backend gloo")
             )
+    return found
+
+
+def check_backend(config: Config) -> None:
+    found = backend_problems(config)
+    if found:
+        raise LaunchError("; ".join(found))
 
 
 def check_port_free(address: str, port: int) -> None:
@@ -111,14 +141,71 @@ def devices_for(config: Config, local_rank: int) -> tuple[torch.device, ...]:
     return (torch.device("cuda", local_rank),)
 
 
-def init_process_group(config: Config, info: RankInfo) -> None:
-    """Join the process group, or fail with a message that says what to check, after timeout_s."""
-    address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    timeout = datetime.timedelta(seconds=config.timeout_s)
+STORE_FILE_VARIABLE = "DDP_STORE_FILE"  # one machine: the ranks meet through this file, not a port
+BOUND_GLOO = "gloo_bound"  # gloo, with its sockets on the address gloo_binding() picks
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The local address this machine would use to reach host (a "connected" UDP socket sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))
+        return probe.getsockname()[0]
+
+
+def gloo_binding(config: Config) -> tuple[dict, str]:
+    """Where gloo's sockets listen, as create_device arguments, and why (for the log).
+
+    gloo's default is the address of this machine's hostname, which is loopback on Ubuntu
+    (127.0.1.1) and any adapter on Windows (WSL, Hyper-V, VPN ...). One machine stays on
+    loopback: nothing listens on the network and no firewall prompt appears. Several machines
+    use the address that routes to master_addr. GLOO_SOCKET_IFNAME, when set, wins.
+    """
+    named = os.environ.get("GLOO_SOCKET_IFNAME")
+    if named:
+        return {"interface": named.split(",")[0]}, f"interface {named} (GLOO_SOCKET_IFNAME)"
+    if config.nnodes == 1:
+        return {"hostname": "127.0.0.1"}, "127.0.0.1: every rank is on this machine"
     try:
+        address = local_address_towards(config.master_addr, config.master_port)
+    except OSError as error:
+        raise LaunchError(
+            f"no route from this machine to master_addr {config.master_addr} ({error.strerror or error}); check "
+            "the address and the network, or set GLOO_SOCKET_IFNAME to the interface that reaches it"
+        ) from None
+    return {"hostname": address}, f"{address}: the local address that routes to master_addr {config.master_addr}"
+
+
+def _register_bound_gloo(device_options: dict) -> None:
+    def create(store, rank, size, timeout):
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(**device_options)]
+        return dist.ProcessGroupGloo(store, rank, size, options)
+
+    if not hasattr(dist.Backend, BOUND_GLOO.upper()):
+        dist.Backend.register_backend(BOUND_GLOO, create, devices=["cpu", "cuda"])
+
+
+def init_process_group(config: Config, info: RankInfo) -> str:
+    """Join the process group, or fail with a message that says what to check, after timeout_s.
+
+    Returns where gloo listens, for the log.
+    """
+    store_file = os.environ.get(STORE_FILE_VARIABLE)
+    address = store_file or f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    timeout = datetime.timedelta(seconds=config.timeout_s)
+    backend, listening = config.backend, "(nccl chooses its own interfaces)"
+    try:
+        if config.backend == "gloo":
+            device_options, listening = gloo_binding(config)
+            _register_bound_gloo(device_options)
+            backend = BOUND_GLOO
         store = restart_store(timeout) if under_torchrun() else None
+        if store_file and not store:
+            store = dist.FileStore(store_file, info.world_size)
+            store.set_timeout(timeout)
         dist.init_process_group(
-            backend=config.backend,
+            backend=backend,
             init_method=None if store else "env://",
             store=store,
             rank=info.rank,
@@ -129,10 +216,11 @@ def init_process_group(config: Config, info: RankInfo) -> None:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise LaunchError(
             f"rank {info.rank}: the {info.world_size} ranks did not all meet at {address} within "
-            f"{config.timeout_s}s ({first_line}). Start every node with the same --nnodes, --master-addr "
-            "and --master-port; check that node 0 is reachable through its firewall; on machines with several "
-            "network interfaces set GLOO_SOCKET_IFNAME to the interface name (e.g. Ethernet)"
+            f"{config.timeout_s}s ({first_line}); gloo listened on {listening}. Start every node with the same "
+            "--nnodes, --master-addr and --master-port; check that node 0 is reachable through its firewall; "
+            "on machines with several network interfaces set GLOO_SOCKET_IFNAME to the one that reaches node 0"
         ) from error
+    return listening
 
 
 def cleanup() -> None:
@@ -175,6 +263,18 @@ def _spawned_rank(local_rank: int, worker: Callable[[Config, RankInfo], None], c
         world_size=config.world_size,
     )
     worker(config, info)
+    exit_now(0)
+
+
+def exit_now(status: int) -> None:
+    """Leave without the interpreter's teardown of torch (about a second per process), once all is written.
+
+    Everything a run keeps was fsynced when it was saved; logs and the console are flushed here.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def torchrun_rank() -> RankInfo:
@@ -246,14 +346,31 @@ def spawn(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
                     flush=True,
                 )
                 config = dataclasses.replace(config, resume="auto")
-            if config.node_rank == 0:
-                check_port_free(config.master_addr, config.master_port)
-            status = _run_ranks(worker, config)
+            if config.nnodes == 1:
+                status = _run_ranks_on_one_machine(worker, config)
+            else:
+                if config.node_rank == 0:
+                    check_port_free(config.master_addr, config.master_port)
+                status = _run_ranks(worker, config)
             if status in (0, INTERRUPTED):
                 return status
         return status
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _run_ranks_on_one_machine(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
+    """The ranks meet through a file of their own (a FileStore), so nothing listens on a port.
+
+    A new folder per start: a store file left by a killed attempt would mix two attempts' keys.
+    """
+    folder = tempfile.mkdtemp(prefix="ddp-store-")
+    os.environ[STORE_FILE_VARIABLE] = os.path.join(folder, "store")
+    try:
+        return _run_ranks(worker, config)
+    finally:
+        del os.environ[STORE_FILE_VARIABLE]
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run_ranks(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
@@ -296,3 +413,25 @@ def _stop(processes: list, grace_s: float = 5.0) -> None:
 def ignore_interrupts_in_children() -> None:
     """Ranks leave Ctrl+C to the parent, which stops them all in order."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def torchrun_layout(config: Config) -> Config:
+    """Under torchrun, torchrun decides the process layout and the restarts, not the config."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc_per_node))
+    torchrun_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if config.max_restarts not in (0, torchrun_restarts) and torchrun_rank().rank == 0:
+        print(
+            f"warning: max_restarts={config.max_restarts} does not apply under torchrun, which restarts the ranks "
+            f"itself (here {torchrun_restarts} time(s)): use MAX_RESTARTS={config.max_restarts} scripts/train.sh "
+            f"or torchrun --max-restarts {config.max_restarts}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return dataclasses.replace(
+        config,
+        nproc_per_node=local,
+        nnodes=int(os.environ["WORLD_SIZE"]) // local,
+        max_restarts=torchrun_restarts,
+        # A restarted rank continues from the newest checkpoint, as on the spawn path.
+        resume="auto" if restart_count() else config.resume,
+    )

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .config import DEFAULT_CONFIG, Config, ConfigError, load
-from .distributed import LaunchError, check_port_free
+from .distributed import LaunchError, backend_problems, check_port_free
 
 PROG = f"python -m {__package__}.doctor"
 
@@ -102,33 +102,8 @@ def compare(config: Config) -> list[Finding]:
                 f"are {target}'s; fix: copier update --defaults --data target_os=both",
             )
         )
-    if config.device == "cuda":
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        needed = config.nproc_per_node * (2 if config.parallelism == "ddp_model_parallel" else 1)
-        if gpus < needed:
-            found.append(
-                Finding(
-                    "FAIL",
-                    f"{needed} GPU(s) needed for {config.nproc_per_node} process(es), {gpus} "
-                    "visible; fix: install the CUDA build above, check nvidia-smi, or train "
-                    f"with fewer: {_train()} --nproc-per-node {max(gpus, 1)}"
-                    + ("" if gpus else " --device cpu --backend gloo"),
-                )
-            )
-    if config.backend == "nccl" and not dist.is_nccl_available():
-        found.append(Finding("FAIL", f"backend nccl is not in this torch build; fix: {_train()} --backend gloo"))
-    if config.backend == "gloo" and not dist.is_gloo_available():
-        found.append(Finding("FAIL", "backend gloo is not in this torch build; fix: " + reinstall))
-    if sys.platform == "win32" and installed_version.startswith(("2.8.", "2.9.")):
-        found.append(
-            Finding(
-                "FAIL",
-                f"torch {installed_version} on Windows cannot start gloo "
-                "(makeDeviceForHostname(): unsupported gloo device); fix: "
-                "pin torch 2.7.1 or >= 2.10 in environment.yml and run scripts\\setup_env.bat",
-            )
-        )
-    if config.node_rank == 0:
+    found += [Finding("FAIL", problem) for problem in backend_problems(config)]
+    if config.nnodes > 1 and config.node_rank == 0:  # one machine needs no port: its ranks meet through a file
         try:
             check_port_free(config.master_addr, config.master_port)
         except LaunchError as error:

@@ -1,0 +1,90 @@
+"""How the engine feeds a recipe's datasets to the ranks: PyTorch's standard DataLoader path.
+
+Training: DataLoader(batch_size=per-rank micro-batch, sampler=a DistributedSampler that can start an
+epoch part-way). Any map-style Dataset with integer indexing works; one that implements PyTorch's
+batched fetch (`__getitems__`) gets whole index lists instead, and may return a ready `Batch`.
+Validation: each rank takes every world_size-th sample, without DistributedSampler's padding, so
+exactly the N validation samples count once.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data._utils.collate import default_collate
+
+
+class Batch(tuple):
+    """A batch that a dataset's `__getitems__` already assembled, e.g. (inputs, targets); passed on as it is."""
+
+
+def collate(samples):
+    return samples if isinstance(samples, Batch) else default_collate(samples)
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler whose next epoch can start after the first `skip` of this rank's samples.
+
+    A run resumed mid-epoch continues with exactly the samples it had not trained on yet, without
+    loading the ones it skips. The order is DistributedSampler's own (seed + epoch).
+    """
+
+    skip = 0
+
+    def __iter__(self):
+        order = list(super().__iter__())
+        skip, self.skip = self.skip, 0  # only the first epoch after a resume starts part-way
+        return iter(order[skip:])
+
+    def __len__(self) -> int:
+        return self.num_samples - self.skip
+
+
+class EveryNth(Sampler):
+    """Samples rank, rank + world_size, ...: every sample on exactly one rank, none padded or repeated."""
+
+    def __init__(self, size: int, rank: int, world_size: int) -> None:
+        self.indices = range(rank, size, world_size)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def seed_worker(worker_id: int) -> None:
+    """DataLoader workers: python and numpy follow the worker's torch seed (set from the loader's generator)."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, seed: int, pin: bool, **more):
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        collate_fn=collate,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        # Windows only has spawn; using it everywhere keeps Linux runs identical to Windows ones.
+        multiprocessing_context="spawn" if workers > 0 else None,
+        worker_init_fn=seed_worker,
+        generator=torch.Generator().manual_seed(seed),
+        pin_memory=pin,
+        **more,
+    )
+
+
+def training_loader(dataset, micro_batch: int, rank: int, world_size: int, seed: int, workers: int, pin: bool):
+    # drop_last twice: every rank gets as many samples (sampler) and every micro-batch is full (loader).
+    sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    return _loader(dataset, micro_batch, sampler, workers, seed + rank, pin, drop_last=True)
+
+
+def validation_loader(dataset, batch: int, rank: int, world_size: int, seed: int, workers: int, pin: bool):
+    return _loader(dataset, batch, EveryNth(len(dataset), rank, world_size), workers, seed + rank, pin)

@@ -1,0 +1,59 @@
+"""Your recipe: the model, the data, the optimizer and schedule, the loss and the metric.
+
+This file is yours. `copier update` never touches it (nor model.py and data.py); the
+engine (train.py and the modules it uses) calls these functions and owns the loop,
+the ranks, checkpoints and logs. Point `recipe` in configs/train.toml at another
+module to keep several recipes side by side. docs/make-it-your-own.md walks through
+swapping in your own model, Dataset and optimizer.
+
+Every function gets the run's Config (configs/train.toml plus flags). Batches are
+`(inputs, targets)`: inputs go to the rank's first device, targets to its last.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional
+from torch.utils.data import Dataset, Subset
+
+from .config import Config
+from .data import make_dataset
+from .model import build
+
+# The name of what metric() counts; metrics.csv gets "accuracy" and "val_accuracy" columns.
+METRIC = "accuracy"
+
+
+def datasets(config: Config) -> tuple[Dataset, Dataset]:
+    """(training, validation). Every rank calls this, so keep it deterministic (seeded) or load from disk."""
+    validation = max(1, config.samples // 4)
+    every = make_dataset(config.samples + validation, config.seed)  # one teacher for both splits
+    return Subset(every, range(config.samples)), Subset(every, range(config.samples, len(every)))
+
+
+def model(config: Config, devices: tuple[torch.device, ...]) -> nn.Module:
+    """The model on this rank's device(s); the engine wraps it in DistributedDataParallel.
+
+    `devices` holds one device, or two when parallelism is ddp_model_parallel (the split model).
+    """
+    return build(config.parallelism, devices)
+
+
+def optimizer(model: nn.Module, config: Config) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+
+
+def schedule(optimizer: torch.optim.Optimizer, config: Config, total_steps: int):
+    """Stepped once per optimizer step. A resume with another length calls this again with the new total."""
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+
+
+def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The batch's mean loss (computed in fp32 under mixed precision)."""
+    return functional.cross_entropy(outputs.float(), targets)
+
+
+def metric(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed over the batch (here: correct predictions); the engine divides by the sample count."""
+    return (outputs.argmax(dim=1) == targets).sum()
