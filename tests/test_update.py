@@ -124,6 +124,55 @@ def test_user_edits_survive_and_the_template_change_arrives(versions, tmp_path):
     assert find_conflicts(project).returncode == 0
 
 
+def test_recipe_edits_survive_an_engine_change_and_the_project_still_trains(versions, tmp_path):
+    # v3 changes the engine (a log line in trainer.py) and the template's own toy recipe.
+    package_dir = versions / "template" / "src" / "{{ package_name }}"
+    trainer = package_dir / "trainer.py"
+    trainer.write_text(
+        trainer.read_text(encoding="utf-8").replace(
+            "        self.resume()\n", '        self.resume()\n        self.log.debug("engine v3")\n'
+        ),
+        encoding="utf-8",
+    )
+    template_recipe = package_dir / "recipe.py"
+    template_recipe.write_text(
+        template_recipe.read_text(encoding="utf-8").replace(
+            "momentum=config.momentum)", "momentum=config.momentum, nesterov=True)"
+        ),
+        encoding="utf-8",
+    )
+    git(versions, "commit", "-qam", "v3")
+    git(versions, "tag", "v3")
+    project = generate(versions, tmp_path / "project", "v1")
+    package = next((project / "src").glob("*/recipe.py")).parent
+    recipe = package / "recipe.py"
+    mine = recipe.read_text(encoding="utf-8")
+    mine = mine.replace(
+        "torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)",
+        "torch.optim.AdamW(model.parameters(), lr=0.01)",
+    )
+    mine = mine.replace(
+        "functional.cross_entropy(outputs.float(), targets)",
+        "functional.cross_entropy(outputs.float(), targets, label_smoothing=0.1)",
+    )
+    assert "AdamW" in mine and "label_smoothing" in mine
+    recipe.write_text(mine, encoding="utf-8")
+    git(project, "commit", "-qam", "my recipe")
+    update(project, ref="v3")
+    assert recipe.read_text(encoding="utf-8") == mine  # untouched: no merge, no conflict markers
+    assert 'self.log.debug("engine v3")' in (package / "trainer.py").read_text(encoding="utf-8")
+    assert find_conflicts(project).returncode == 0
+    result = subprocess.run(
+        [sys.executable, "-m", f"{package.name}.train", "--device", "cpu", "--backend", "gloo", "--precision", "no",
+         "--parallelism", "ddp", "--nproc-per-node", "2", "--epochs", "1", "--samples", "256", "--no-progress",
+         "--output-dir", str(tmp_path / "run")],
+        cwd=project, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "engine v3" in (tmp_path / "run" / "logs" / "rank0.log").read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize("mode", ["inline", "rej"])
 def test_conflicting_edits_are_reported(versions, tmp_path, mode):
     project = generate(versions, tmp_path / "project", "v1")

@@ -60,7 +60,7 @@ def schedule(optimizer, config, total_steps):
 
 
 def loss(outputs, targets):
-    return nn.functional.nll_loss(torch.log_softmax(outputs.float(), dim=1), targets)
+    return nn.functional.cross_entropy(outputs.float(), targets, label_smoothing=0.1)
 
 
 def metric(outputs, targets):
