@@ -228,12 +228,17 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
+_heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _run_ranks
+
+
 def die_with_the_launcher() -> None:
-    """Stop this rank within about a second once the process that started it is gone.
+    """Stop this rank within about a second once the process that started it is gone; beat meanwhile.
 
     A launcher killed outright (SIGKILL, the task manager, its console window closed) cannot stop its
     ranks, which would train on, write to the output folder and hold their GPUs. Spawned ranks wait on
     their parent's sentinel (Windows and POSIX); ranks under torchrun notice that they were re-parented.
+    The same thread writes a heartbeat every second for the launcher, from its own thread, so a rank that
+    waits in a collective still beats and only a frozen (suspended, stopped) process falls silent.
     """
     parent = multiprocessing.parent_process()
     if parent is None and WINDOWS:
@@ -241,6 +246,9 @@ def die_with_the_launcher() -> None:
     original_parent = os.getppid()
 
     def launcher_gone() -> bool:
+        if _heartbeat is not None:
+            beats, slot = _heartbeat
+            beats[slot] = time.time()
         if parent is not None:
             return bool(multiprocessing.connection.wait([parent.sentinel], timeout=1.0))
         time.sleep(1.0)
@@ -255,8 +263,10 @@ def die_with_the_launcher() -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def _spawned_rank(local_rank: int, worker: Callable[[Config, RankInfo], None], config: Config) -> None:
+def _spawned_rank(local_rank: int, worker: Callable[[Config, RankInfo], None], config: Config, beats) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it)."""
+    global _heartbeat
+    _heartbeat = (beats, local_rank)
     info = RankInfo(
         rank=config.node_rank * config.nproc_per_node + local_rank,
         local_rank=local_rank,
@@ -374,22 +384,30 @@ def _run_ranks_on_one_machine(worker: Callable[[Config, RankInfo], None], config
 
 
 def _run_ranks(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
+    # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
+    beats = multiprocessing.get_context("spawn").RawArray("d", config.nproc_per_node)
     context = mp.start_processes(
-        _spawned_rank, args=(worker, config), nprocs=config.nproc_per_node, join=False, start_method="spawn"
+        _spawned_rank, args=(worker, config, beats), nprocs=config.nproc_per_node, join=False, start_method="spawn"
     )
     try:
-        while not context.join():
-            pass
+        while not context.join(timeout=1.0):
+            silent = _silent_ranks(beats, config.timeout_s)
+            if silent:
+                _stop(context.processes, hung=silent)
+                print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
+                return 1
     except (KeyboardInterrupt, _Terminated):
         _stop(context.processes)
         print("interrupted: every rank was stopped", file=sys.stderr, flush=True)
         return INTERRUPTED
     except mp.ProcessRaisedException as failure:
-        _stop(context.processes)
+        silent = _silent_ranks(beats, 3.0)  # a rank timed out waiting: was a peer frozen?
+        _stop(context.processes, hung=silent)
         reason = [line for line in str(failure).splitlines() if line.strip()][-1]
         logs = Path(config.output_dir) / "logs"
         details = f" (details: {logs / 'rank*.log'})" if logs.is_dir() else ""  # only where logs were written
-        print(f"error: rank {failure.error_index} failed: {reason}{details}", file=sys.stderr, flush=True)
+        cause = f"{_describe(silent)}, and " if silent else ""
+        print(f"error: {cause}rank {failure.error_index} failed: {reason}{details}", file=sys.stderr, flush=True)
         return 1
     except mp.ProcessExitedException as failure:
         _stop(context.processes)
@@ -398,10 +416,25 @@ def _run_ranks(worker: Callable[[Config, RankInfo], None], config: Config) -> in
     return 0
 
 
-def _stop(processes: list, grace_s: float = 5.0) -> None:
-    """Terminate, then kill, every rank still alive."""
-    for process in processes:
-        if process.is_alive():
+def _silent_ranks(beats, after_s: float) -> dict[int, float]:
+    """Ranks that beat once and then fell silent for after_s seconds: {local rank: seconds silent}."""
+    now = time.time()
+    return {slot: now - beat for slot, beat in enumerate(beats) if beat and now - beat >= after_s}
+
+
+def _describe(silent: dict[int, float]) -> str:
+    return "; ".join(
+        f"rank {slot} stopped answering (no sign of life for {seconds:.0f} s: suspended, stopped or frozen)"
+        for slot, seconds in silent.items()
+    )
+
+
+def _stop(processes: list, grace_s: float = 5.0, hung: dict | None = None) -> None:
+    """Terminate, then kill, every rank still alive; a hung one is killed at once (it cannot handle SIGTERM)."""
+    for slot, process in enumerate(processes):
+        if process.is_alive() and hung and slot in hung:
+            process.kill()
+        elif process.is_alive():
             process.terminate()
     for process in processes:
         process.join(grace_s)
