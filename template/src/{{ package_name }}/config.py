@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,6 +100,17 @@ class Config:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @property
+    def local_address(self) -> str:
+        """The address of this machine that routes to master_addr: what it tells the other nodes to call.
+
+        The operating system picks it for a UDP socket "connected" to master_addr, which sends nothing;
+        a VPN, a WSL/Docker adapter or a hostname mapped to 127.0.1.1 cannot mislead it. OSError: no route.
+        """
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((self.master_addr, self.master_port))
+            return probe.getsockname()[0]
 
     @property
     def micro_batch(self) -> int:
@@ -227,10 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     args, train_args = parser.parse_known_args(argv)
     config = from_command_line(train_args, f"python -m {__package__}.train")
     names = args.get.split(",")
-    unknown = [name for name in names if name not in {f.name for f in dataclasses.fields(Config)}]
+    computed = {"local_address", "world_size", "micro_batch"}
+    unknown = [name for name in names if name not in {f.name for f in dataclasses.fields(Config)} | computed]
     if unknown:
         parser.error(f"unknown setting(s): {', '.join(unknown)}")
-    print(" ".join(str(getattr(config, name)) for name in names))
+    try:
+        print(" ".join(str(getattr(config, name)) for name in names))
+    except OSError as error:  # local_address, when nothing routes to master_addr
+        parser.error(f"no route from this machine to master_addr {config.master_addr} ({error.strerror or error})")
     return 0
 
 

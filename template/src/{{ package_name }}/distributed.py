@@ -145,13 +145,6 @@ STORE_FILE_VARIABLE = "DDP_STORE_FILE"  # one machine: the ranks meet through th
 BOUND_GLOO = "gloo_bound"  # gloo, with its sockets on the address gloo_binding() picks
 
 
-def local_address_towards(host: str, port: int) -> str:
-    """The local address this machine would use to reach host (a "connected" UDP socket sends nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, port))
-        return probe.getsockname()[0]
-
-
 def gloo_binding(config: Config) -> tuple[dict, str]:
     """Where gloo's sockets listen, as create_device arguments, and why (for the log).
 
@@ -166,7 +159,7 @@ def gloo_binding(config: Config) -> tuple[dict, str]:
     if config.nnodes == 1:
         return {"hostname": "127.0.0.1"}, "127.0.0.1: every rank is on this machine"
     try:
-        address = local_address_towards(config.master_addr, config.master_port)
+        address = config.local_address
     except OSError as error:
         raise LaunchError(
             f"no route from this machine to master_addr {config.master_addr} ({error.strerror or error}); check "

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .config import DEFAULT_CONFIG, Config, ConfigError, load
-from .distributed import LaunchError, backend_problems, check_port_free
+from .distributed import LaunchError, backend_problems, check_port_free, gloo_binding
 
 PROG = f"python -m {__package__}.doctor"
 
@@ -113,6 +113,16 @@ def compare(config: Config) -> list[Finding]:
     return found
 
 
+def network(config: Config) -> dict[str, str]:
+    """Where gloo's sockets will listen, and why: the rule training itself uses."""
+    if config.backend != "gloo":
+        return {}
+    try:
+        return {"gloo": gloo_binding(config)[1]}
+    except LaunchError as error:
+        return {"gloo": f"FAIL {error}"}
+
+
 def _train() -> str:
     return f"python -m {__package__}.train"
 
@@ -125,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load(args.config)
     except ConfigError as error:
         parser.error(str(error))
-    for name, value in facts().items():
+    for name, value in {**facts(), **network(config)}.items():
         print(f"{name:>10}: {value}")
     print()
     findings = compare(config)
