@@ -57,7 +57,7 @@ FAST_TIER = "not slow"
 WORKERS = ["-n", "2"]
 
 # docs is not in the default run: tests/test_site.py builds the site (strict) and tests the HTML.
-nox.options.sessions = ["lint", "tests", "update", "hosts", "render_and_test"]
+nox.options.sessions = ["lint", "tests", "update", "hosts", "slurm", "render_and_test"]
 # pip, not uv: pip finds the local CPU torch wheel on machines that ship one.
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = True
@@ -130,7 +130,7 @@ def tests(session: nox.Session) -> None:
     """The template's own tests: questionnaire (also in a pty), renders, line endings, launchers under Wine, docs."""
     env = torch_env(session)
     # Two workers: the matrix walk is CPU-bound, the Wine and install tests mostly wait.
-    env.run("-m", "pytest", "-q", *WORKERS, "-m", "not update and not hosts", *session.posargs)
+    env.run("-m", "pytest", "-q", *WORKERS, "-m", "not update and not hosts and not slurm", *session.posargs)
 
 
 @nox.session(venv_backend="none")
@@ -145,6 +145,13 @@ def hosts(session: nox.Session) -> None:
     """Multi-node training across two simulated hosts (network namespaces; skips without root)."""
     env = torch_env(session)
     env.run("-m", "pytest", "-q", "-m", "hosts", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def slurm(session: nox.Session) -> None:
+    """scripts/train.sbatch against a real one-host Slurm that the tests start (skips without root or slurm-wlm)."""
+    env = torch_env(session)
+    env.run("-m", "pytest", "-q", "-m", "slurm", *session.posargs)
 
 
 @nox.session(venv_backend="none")

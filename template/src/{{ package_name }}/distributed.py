@@ -256,7 +256,7 @@ def die_with_the_launcher() -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def _spawned_rank(local_rank: int, worker: Callable[[Config, RankInfo], None], config: Config, beats) -> None:
+def _spawned_rank(local_rank: int, worker: Callable[[Config, RankInfo], int], config: Config, beats) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it)."""
     global _heartbeat
     _heartbeat = (beats, local_rank)
@@ -265,8 +265,7 @@ def _spawned_rank(local_rank: int, worker: Callable[[Config, RankInfo], None], c
         local_rank=local_rank,
         world_size=config.world_size,
     )
-    worker(config, info)
-    exit_now(0)
+    exit_now(worker(config, info) or 0)
 
 
 def exit_now(status: int) -> None:
@@ -290,6 +289,7 @@ def torchrun_rank() -> RankInfo:
 
 RESTART_VARIABLE = "DDP_RESTART_COUNT"  # the spawn path's twin of torchrun's TORCHELASTIC_RESTART_COUNT
 INTERRUPTED = 130  # the shell convention for Ctrl+C
+STOPPED = 75  # EX_TEMPFAIL: stopped on request with a checkpoint saved; run again to continue
 
 
 def restart_count() -> int:
@@ -355,7 +355,7 @@ def spawn(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
                 if config.node_rank == 0:
                     check_port_free(config.master_addr, config.master_port)
                 status = _run_ranks(worker, config)
-            if status in (0, INTERRUPTED):
+            if status in (0, INTERRUPTED, STOPPED):
                 return status
         return status
     finally:
@@ -404,6 +404,9 @@ def _run_ranks(worker: Callable[[Config, RankInfo], None], config: Config) -> in
         return 1
     except mp.ProcessExitedException as failure:
         _stop(context.processes)
+        if failure.exit_code == STOPPED:
+            print("stopped on SIGUSR1 with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)
+            return STOPPED
         print(f"error: rank {failure.error_index} exited with code {failure.exit_code}", file=sys.stderr, flush=True)
         return failure.exit_code if failure.exit_code and failure.exit_code > 0 else 1
     return 0

@@ -105,8 +105,10 @@ def claim_output_dir(output_dir: Path, resume: str, overwrite: bool, resumed_run
     if overwrite:
         for name in (RUN_RECORD, METRICS, "model.pt", "best.pt", "curves.png"):
             (output_dir / name).unlink(missing_ok=True)
+        resuming_from = Path(resume).resolve() if resume not in ("auto", "none") else None
         for old in checkpoint.directory(output_dir).glob("*.pt"):
-            old.unlink()
+            if old.resolve() != resuming_from:  # the checkpoint this run continues from stays
+                old.unlink()
         return None
     whose = f"run {owner}" if owner else "files of another run"
     return (

@@ -26,8 +26,10 @@ from . import checkpoint, loaders, records, rng
 from .config import Config, from_command_line
 from .distributed import (
     INTERRUPTED,
+    STOPPED,
     LaunchError,
     RankInfo,
+    check_backend,
     cleanup,
     devices_for,
     die_with_the_launcher,
@@ -40,7 +42,7 @@ from .distributed import (
     under_torchrun,
 )
 from .logs import rank_logger
-from .trainer import Trainer
+from .trainer import StopRequested, Trainer, listen_for_stop_requests
 
 PROG = f"python -m {__package__}.train"
 
@@ -63,7 +65,7 @@ def build_trainer(config: Config, info: RankInfo, log) -> Trainer:
     return Trainer(wrapped, train_data, val_data, recipe.optimizer(model, config), recipe, config, info, log)
 
 
-def run_rank(config: Config, info: RankInfo) -> None:
+def run_rank(config: Config, info: RankInfo) -> int:
     """Everything one rank does, from process-group start to clean-up."""
     die_with_the_launcher()
     if not under_torchrun():
@@ -76,6 +78,7 @@ def run_rank(config: Config, info: RankInfo) -> None:
         torch.use_deterministic_algorithms(True)
     if config.device == "cuda":
         torch.cuda.set_device(devices_for(config, info.local_rank)[0])
+    listen_for_stop_requests()
     listening = init_process_group(config, info)
     try:
         devices = ", ".join(str(d) for d in devices_for(config, info.local_rank))
@@ -84,11 +87,15 @@ def run_rank(config: Config, info: RankInfo) -> None:
             f"pid {os.getpid()}); gloo listens on {listening}"
         )
         build_trainer(config, info, log).fit()
+    except StopRequested as stop:
+        log.info(str(stop))
+        return STOPPED
     except Exception:
         log.exception("rank failed")
         raise
     finally:
         cleanup()
+    return 0
 
 
 def resume_command(argv: list[str] | None) -> str:
@@ -126,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         reason = refusal(config)
         if reason:
             raise LaunchError(reason)
-        if under_torchrun():
-            run_rank(config, torchrun_rank())
-            return 0
+        if under_torchrun():  # torchrun, or one Slurm task per rank
+            check_backend(config)
+            return run_rank(config, torchrun_rank())
         status = spawn(run_rank, config)
         if status == INTERRUPTED:
             print(f"to continue from the newest checkpoint: {resume_command(argv)}", file=sys.stderr, flush=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -23,6 +25,22 @@ from .logs import progress_bar
 
 class NonFiniteLoss(RuntimeError):
     """The loss turned NaN or infinite; nothing after the last good checkpoint was saved."""
+
+
+# SIGUSR1 asks for a clean stop: Slurm sends it before a time limit or a preemption (--signal=USR1@90).
+# The ranks agree every STOP_CHECK_EVERY steps, save a checkpoint and exit with STOPPED.
+CAN_REQUEST_A_STOP = hasattr(signal, "SIGUSR1")  # POSIX only; Windows has no such signal
+STOP_REQUESTED = threading.Event()
+STOP_CHECK_EVERY = 16
+
+
+class StopRequested(Exception):
+    """Every rank stopped on SIGUSR1 after saving a checkpoint."""
+
+
+def listen_for_stop_requests() -> None:
+    if CAN_REQUEST_A_STOP:
+        signal.signal(signal.SIGUSR1, lambda signum, frame: STOP_REQUESTED.set())
 
 
 class Totals:
@@ -177,6 +195,20 @@ class Trainer:
             checkpoint.prune(self.output_dir, self.run_id, self.config.keep_checkpoints)
         dist.barrier()
 
+    def save_mid_epoch(self, training: Totals) -> None:
+        so_far = training.sums()[0].clone()
+        dist.all_reduce(so_far, op=dist.ReduceOp.SUM)
+        self.stop_if_not_finite(so_far.item())
+        self.save()
+
+    def stop_agreed(self) -> bool:
+        """Whether any rank got SIGUSR1: all ranks must stop at the same step (one tiny all-reduce)."""
+        if not CAN_REQUEST_A_STOP:
+            return False
+        flag = torch.tensor([float(STOP_REQUESTED.is_set())], device=self.devices[-1])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
     def stop_if_not_finite(self, loss_sum: float) -> None:
         """Given the loss summed over all ranks: a NaN or inf on any rank made it NaN or inf."""
         if self.config.stop_on_nonfinite_loss and not math.isfinite(loss_sum):
@@ -239,18 +271,22 @@ class Trainer:
             self.global_step, self.step_in_epoch = self.global_step + 1, step + 1
             if progress is not None:
                 progress.update(1)
+            if step + 1 == self.steps_per_epoch:
+                break  # the epoch's end saves and checks for a stop: a checkpoint never ends an epoch half-done
             if self.config.checkpoint_every and self.global_step % self.config.checkpoint_every == 0:
-                so_far = training.sums()[0].clone()
-                dist.all_reduce(so_far, op=dist.ReduceOp.SUM)
-                self.stop_if_not_finite(so_far.item())
-                self.save()
+                self.save_mid_epoch(training)
+            if self.global_step % STOP_CHECK_EVERY == 0 and self.stop_agreed():
+                self.save_mid_epoch(training)
+                raise StopRequested(self.stopped_at())
         seconds = time.perf_counter() - started
         self.validate(validation)
         sums = torch.cat([training.sums(), validation.sums()])  # one all-reduce for both
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # gloo cannot AVG reliably (nor bf16): sum fp64, then divide
         self.stop_if_not_finite(sums[0].item())
         self.epoch, self.step_in_epoch = epoch + 1, 0
-        if not self.config.checkpoint_every:
+        every = self.config.checkpoint_every
+        stop = self.stop_agreed()
+        if not every or self.global_step % every == 0 or stop:
             self.save()
         loss, metric, seen, val_loss, val_metric, val_seen = sums.tolist()
         name = self.recipe.METRIC
@@ -268,6 +304,14 @@ class Trainer:
         self.resumed = False
         if self.info.rank == 0:
             self.record_epoch(row, progress)
+        if stop:
+            raise StopRequested(self.stopped_at())
+
+    def stopped_at(self) -> str:
+        return (
+            f"stopped at step {self.global_step} on SIGUSR1 (a time limit or preemption is near); the checkpoint "
+            "is saved, and --resume auto continues from it"
+        )
 
     def record_epoch(self, row: dict, progress) -> None:
         name = self.recipe.METRIC
