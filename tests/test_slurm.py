@@ -34,6 +34,7 @@ SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool
 SlurmctldPidFile={folder}/slurmctld.pid
@@ -170,8 +171,8 @@ def test_usr1_saves_stops_requeues_and_the_job_ends_bitwise_equal(cluster, proje
     while job_state(env, job).get("Restarts", "0") == "0":
         assert time.monotonic() < deadline, job_state(env, job)
         time.sleep(0.5)
-    # A requeued job waits before it may start again (Slurm's own back-off); let it start now.
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True)
+    # A requeued job waits until the old job credentials expire: 120 s by default, 10 s on this test cluster
+    # (AuthInfo=cred_expire); starting it earlier fails with "Job credential revoked".
     while job_state(env, job).get("JobState") not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
         assert time.monotonic() < deadline + 240, job_state(env, job)
         time.sleep(0.5)
