@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import torch
+from trained import assert_bitwise_equal, package_of, train_on_one_machine
 
 pytestmark = pytest.mark.hosts
 
@@ -84,10 +84,6 @@ def project(rendered):
     return rendered("linux-torchrun")
 
 
-def package_of(project: Path) -> str:
-    return next(path.parent.name for path in (project / "src").glob("*/train.py"))
-
-
 def environment(project: Path, **extra: str) -> dict:
     return {**os.environ, "PYTHONPATH": str(project / "src"), **extra}
 
@@ -119,21 +115,7 @@ def spawn_node(project: Path, output: Path, node: int, port: int, *extra: str) -
 @pytest.fixture(scope="module")
 def one_machine(project, tmp_path_factory) -> Path:
     """The same training as 2 ranks on one machine: what both hosts together must reproduce."""
-    output = tmp_path_factory.mktemp("one-machine")
-    done = subprocess.run(
-        [sys.executable, "-m", f"{package_of(project)}.train", "--config", str(project / "configs" / "train.toml"),
-         *SETTINGS, "--output-dir", str(output), "--nproc-per-node", "2", "--nnodes", "1", "--master-addr",
-         "127.0.0.1"],
-        capture_output=True, text=True, timeout=300, env=environment(project),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return output
-
-
-def assert_bitwise_equal(first: Path, second: Path) -> None:
-    a = torch.load(first / "model.pt", weights_only=True)["model"]
-    b = torch.load(second / "model.pt", weights_only=True)["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    return train_on_one_machine(project, tmp_path_factory.mktemp("one-machine"), *SETTINGS)
 
 
 def test_the_spawn_path_across_two_hosts_picks_the_routed_address_and_matches_one_machine(

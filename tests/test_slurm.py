@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from trained import assert_bitwise_equal, train_on_one_machine
 
 pytestmark = pytest.mark.slurm
 
@@ -96,10 +97,6 @@ def project(rendered):
     return rendered("linux-torchrun")
 
 
-def package_of(project: Path) -> str:
-    return next(path.parent.name for path in (project / "src").glob("*/train.py"))
-
-
 def job_env(cluster, project: Path) -> dict:
     return {
         **cluster[0],
@@ -122,21 +119,7 @@ def completions(cluster) -> list[str]:
 
 @pytest.fixture(scope="module")
 def spawn_reference(project, tmp_path_factory) -> Path:
-    output = tmp_path_factory.mktemp("spawn")
-    done = subprocess.run(
-        [sys.executable, "-m", f"{package_of(project)}.train", "--config", str(project / "configs" / "train.toml"),
-         *SETTINGS, "--epochs", "6", "--output-dir", str(output), "--nproc-per-node", "2", "--nnodes", "1",
-         "--master-addr", "127.0.0.1"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(project / "src")},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    return output
-
-
-def assert_bitwise_equal(first: Path, second: Path) -> None:
-    a = torch.load(first / "model.pt", weights_only=True)["model"]
-    b = torch.load(second / "model.pt", weights_only=True)["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+    return train_on_one_machine(project, tmp_path_factory.mktemp("spawn"), *SETTINGS, "--epochs", "6")
 
 
 def test_sbatch_trains_two_tasks_bitwise_equal_to_the_spawn_path(cluster, project, spawn_reference, tmp_path):
