@@ -136,7 +136,9 @@ def test_sbatch_trains_two_tasks_bitwise_equal_to_the_spawn_path(cluster, projec
     for rank in (0, 1):
         assert f"rank {rank} of 2 started on cpu" in (tmp_path / "logs" / f"rank{rank}.log").read_text("utf-8")
     assert_bitwise_equal(spawn_reference, tmp_path)
-    assert any(line.startswith(f"{job}|COMPLETED|0:0") for line in completions(cluster)), completions(cluster)
+    finished = completions(cluster)
+    print("sacct --completion:", *finished, sep="\n  ")  # shown with pytest -rP
+    assert any(line.startswith(f"{job}|COMPLETED|0:0") for line in finished), finished
 
 
 def test_usr1_saves_stops_requeues_and_the_job_ends_bitwise_equal(cluster, project, spawn_reference, tmp_path):
@@ -166,6 +168,7 @@ def test_usr1_saves_stops_requeues_and_the_job_ends_bitwise_equal(cluster, proje
     rank0 = (tmp_path / "logs" / "rank0.log").read_text(encoding="utf-8")
     assert "on SIGUSR1 (a time limit or preemption is near)" in rank0 and "resumed from" in rank0
     assert_bitwise_equal(spawn_reference, tmp_path)
+    print("sacct --completion:", *completions(cluster), sep="\n  ")  # shown with pytest -rP
 
 
 def test_the_job_script_run_outside_slurm_says_how_to_submit_it(project):
