@@ -22,7 +22,9 @@ REQUIRED = [
     "scripts/train.bat", "scripts/train.ps1", "scripts/train.sh", "scripts/setup_env.bat", "scripts/setup_env.ps1",
     "README.md", "tests/conftest.py", "tests/test_ddp.py", ".github/workflows/ci.yml", ".gitignore",
 ]  # fmt: skip
-PACKAGE_MODULES = ["__init__", "model", "data", "distributed", "train", "checkpoint", "config", "doctor", "files"]
+PACKAGE_MODULES = [
+    "__init__", "model", "data", "distributed", "train", "rank", "checkpoint", "config", "doctor", "files",
+]  # fmt: skip
 COMPUTED = ["dist_backend", "world_size", "torch_index_url", "torch_pin", "support_matrix", "torch_series"]
 
 

@@ -6,18 +6,22 @@ Windows facts encoded here (docs/troubleshooting.md in the template explains eac
 - Windows wheels have no libuv, and torch >= 2.4 asks for it by default when it
   creates the TCPStore: USE_LIBUV=0 must be set before any store exists.
 - torchrun's rendezvous also needs libuv on Windows, so the program starts its
-  own ranks with torch.multiprocessing (spawn) there; torchrun stays a Linux option.
+  own ranks with multiprocessing (spawn) there; torchrun stays a Linux option.
 - "localhost" can resolve to IPv6 or a Docker hosts entry: 127.0.0.1 on one machine.
 - A program that listens beyond loopback triggers the Windows Defender Firewall prompt: ranks on one
   machine meet through a file (FileStore) and gloo listens on 127.0.0.1 (gloo_binding).
 - Windows has only the spawn start method: workers are top-level functions and
   the entry point sits behind `if __name__ == "__main__":`.
+
+The launcher process uses only the standard library: torch is imported inside the functions
+that ranks call, so a start pays for `import torch` in the ranks alone (about 2 s each here).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import multiprocessing.connection
 import os
@@ -28,15 +32,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from typing import TYPE_CHECKING
 
 from .config import Config
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
 
 WINDOWS = sys.platform == "win32"
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -75,6 +80,9 @@ def backend_problems(config: Config, platform: str = sys.platform) -> list[str]:
 
     The one copy of these rules: training refuses to start on them, the doctor reports them.
     """
+    import torch
+    import torch.distributed as dist
+
     train = f"python -m {__package__}.train"
     found = []
     if config.backend == "nccl" and platform == "win32":
@@ -134,6 +142,8 @@ def check_port_free(address: str, port: int) -> None:
 
 def devices_for(config: Config, local_rank: int) -> tuple[torch.device, ...]:
     """The device(s) this rank owns: one for plain DDP, two for the split model."""
+    import torch
+
     if config.device == "cpu":
         return (torch.device("cpu"),) * (2 if config.parallelism == "ddp_model_parallel" else 1)
     if config.parallelism == "ddp_model_parallel":
@@ -169,6 +179,8 @@ def gloo_binding(config: Config) -> tuple[dict, str]:
 
 
 def _register_bound_gloo(device_options: dict) -> None:
+    import torch.distributed as dist
+
     def create(store, rank, size, timeout):
         options = dist.ProcessGroupGloo._Options()
         options._timeout = timeout
@@ -184,6 +196,8 @@ def init_process_group(config: Config, info: RankInfo) -> str:
 
     Returns where gloo listens, for the log.
     """
+    import torch.distributed as dist
+
     store_file = os.environ.get(STORE_FILE_VARIABLE)
     address = store_file or f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     timeout = datetime.timedelta(seconds=config.timeout_s)
@@ -217,6 +231,8 @@ def init_process_group(config: Config, info: RankInfo) -> str:
 
 
 def cleanup() -> None:
+    import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -256,8 +272,12 @@ def die_with_the_launcher() -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def _spawned_rank(local_rank: int, worker: Callable[[Config, RankInfo], int], config: Config, beats) -> None:
-    """Entry point of every spawned process (top level, so Windows can pickle it)."""
+def _spawned_rank(local_rank: int, config: Config, beats, report: str) -> None:
+    """Entry point of every spawned process (top level, so Windows can pickle it).
+
+    A failure is written to `report` for the launcher: a refusal (LaunchError) as its message, anything
+    else as its traceback. The file, not a pipe: a long traceback cannot block a rank that is exiting.
+    """
     global _heartbeat
     _heartbeat = (beats, local_rank)
     info = RankInfo(
@@ -265,7 +285,19 @@ def _spawned_rank(local_rank: int, worker: Callable[[Config, RankInfo], int], co
         local_rank=local_rank,
         world_size=config.world_size,
     )
-    exit_now(worker(config, info) or 0)
+    try:
+        from .rank import run_rank  # torch and the recipe: in the rank, never in the launcher
+
+        status = run_rank(config, info)
+    except LaunchError as refused:
+        failure = {"refused": True, "message": str(refused)}
+    except Exception:
+        failure = {"refused": False, "message": traceback.format_exc()}
+    else:
+        exit_now(status or 0)
+    failure["time"] = time.time()  # the first failure is the cause; the others followed it
+    Path(report).write_text(json.dumps(failure), encoding="utf-8")
+    exit_now(1)
 
 
 def exit_now(status: int) -> None:
@@ -309,6 +341,8 @@ def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
+    import torch.distributed as dist
+
     shared = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
@@ -327,17 +361,18 @@ def _raise_terminated(signum, frame) -> None:
     raise _Terminated
 
 
-def spawn(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
+def spawn(config: Config) -> int:
     """Start config.nproc_per_node ranks on this machine and wait for all of them.
 
     Returns the exit status for the whole job: 0 when every rank finished,
     otherwise non-zero. When one rank fails, the others are stopped, so the
     job never hangs on a dead peer; with max_restarts > 0 all ranks are then
-    started again and resume from the newest checkpoint. Ctrl+C (or SIGTERM)
-    stops every rank and returns 130.
+    started again and resume from the newest checkpoint (a refusal is not retried).
+    Ctrl+C (or SIGTERM) stops every rank and returns 130.
     """
-    check_backend(config)
     os.environ.update(rendezvous_environment(config))
+    if config.nnodes > 1 and config.node_rank == 0:
+        check_port_free(config.master_addr, config.master_port)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         for attempt in range(config.max_restarts + 1):
@@ -349,67 +384,89 @@ def spawn(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
                     flush=True,
                 )
                 config = dataclasses.replace(config, resume="auto")
-            if config.nnodes == 1:
-                status = _run_ranks_on_one_machine(worker, config)
-            else:
-                if config.node_rank == 0:
-                    check_port_free(config.master_addr, config.master_port)
-                status = _run_ranks(worker, config)
-            if status in (0, INTERRUPTED, STOPPED):
-                return status
+            status = _run_ranks_in_own_folder(config)
+            if status in (0, INTERRUPTED, STOPPED, REFUSED):
+                return 1 if status == REFUSED else status
         return status
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_ranks_on_one_machine(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
-    """The ranks meet through a file of their own (a FileStore), so nothing listens on a port.
+REFUSED = -1  # a rank refused to start (LaunchError): the launcher has printed why; restarting cannot help
 
+
+def _run_ranks_in_own_folder(config: Config) -> int:
+    """One start of the ranks, with a new folder for its failure reports and, on one machine, its store.
+
+    On one machine the ranks meet through a file there (a FileStore), so nothing listens on a port.
     A new folder per start: a store file left by a killed attempt would mix two attempts' keys.
     """
-    folder = tempfile.mkdtemp(prefix="ddp-store-")
-    os.environ[STORE_FILE_VARIABLE] = os.path.join(folder, "store")
+    folder = tempfile.mkdtemp(prefix="ddp-start-")
+    if config.nnodes == 1:
+        os.environ[STORE_FILE_VARIABLE] = os.path.join(folder, "store")
     try:
-        return _run_ranks(worker, config)
+        return _run_ranks(config, Path(folder))
     finally:
-        del os.environ[STORE_FILE_VARIABLE]
+        os.environ.pop(STORE_FILE_VARIABLE, None)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_ranks(worker: Callable[[Config, RankInfo], None], config: Config) -> int:
+def _run_ranks(config: Config, folder: Path) -> int:
+    context = multiprocessing.get_context("spawn")
     # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
-    beats = multiprocessing.get_context("spawn").RawArray("d", config.nproc_per_node)
-    context = mp.start_processes(
-        _spawned_rank, args=(worker, config, beats), nprocs=config.nproc_per_node, join=False, start_method="spawn"
-    )
+    beats = context.RawArray("d", config.nproc_per_node)
+    reports = [folder / f"rank{slot}.failure.json" for slot in range(config.nproc_per_node)]
+    ranks = [
+        context.Process(target=_spawned_rank, args=(slot, config, beats, str(reports[slot])), name=f"rank{slot}")
+        for slot in range(config.nproc_per_node)
+    ]
     try:
-        while not context.join(timeout=1.0):
+        for rank in ranks:
+            rank.start()
+        while True:
+            multiprocessing.connection.wait([rank.sentinel for rank in ranks], timeout=1.0)
+            ended = [slot for slot, rank in enumerate(ranks) if rank.exitcode not in (None, 0)]
+            if ended:
+                break
+            if all(rank.exitcode == 0 for rank in ranks):
+                return 0
             silent = _silent_ranks(beats, config.timeout_s)
             if silent:
-                _stop(context.processes, hung=silent)
+                _stop(ranks, hung=silent)
                 print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
                 return 1
     except (KeyboardInterrupt, _Terminated):
-        _stop(context.processes)
+        _stop(ranks)
         print("interrupted: every rank was stopped", file=sys.stderr, flush=True)
         return INTERRUPTED
-    except mp.ProcessRaisedException as failure:
-        silent = _silent_ranks(beats, 3.0)  # a rank timed out waiting: was a peer frozen?
-        _stop(context.processes, hung=silent)
-        reason = [line for line in str(failure).splitlines() if line.strip()][-1]
+    failures = {slot: _read_report(reports[slot]) for slot in ended}
+    slot = min(ended, key=lambda slot: failures[slot]["time"] if failures[slot] else float("inf"))
+    failure, code = failures[slot], ranks[slot].exitcode
+    silent = _silent_ranks(beats, 3.0) if failure else {}  # a rank timed out waiting: was a peer frozen?
+    _stop(ranks, hung=silent)
+    if failure and failure["refused"]:
+        print(f"error: {failure['message']}", file=sys.stderr, flush=True)
+        return REFUSED
+    if failure:
+        reason = [line for line in failure["message"].splitlines() if line.strip()][-1]
         logs = Path(config.output_dir) / "logs"
         details = f" (details: {logs / 'rank*.log'})" if logs.is_dir() else ""  # only where logs were written
         cause = f"{_describe(silent)}, and " if silent else ""
-        print(f"error: {cause}rank {failure.error_index} failed: {reason}{details}", file=sys.stderr, flush=True)
+        print(f"error: {cause}rank {slot} failed: {reason}{details}", file=sys.stderr, flush=True)
         return 1
-    except mp.ProcessExitedException as failure:
-        _stop(context.processes)
-        if failure.exit_code == STOPPED:
-            print("stopped on SIGUSR1 with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)
-            return STOPPED
-        print(f"error: rank {failure.error_index} exited with code {failure.exit_code}", file=sys.stderr, flush=True)
-        return failure.exit_code if failure.exit_code and failure.exit_code > 0 else 1
-    return 0
+    if code == STOPPED:
+        print("stopped on SIGUSR1 with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)
+        return STOPPED
+    how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    print(f"error: rank {slot} {how}", file=sys.stderr, flush=True)
+    return code if code > 0 else 1
+
+
+def _read_report(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the rank ended without a report: killed, or it exited with a status of its own
 
 
 def _silent_ranks(beats, after_s: float) -> dict[int, float]:
@@ -427,12 +484,13 @@ def _describe(silent: dict[int, float]) -> str:
 
 def _stop(processes: list, grace_s: float = 5.0, hung: dict | None = None) -> None:
     """Terminate, then kill, every rank still alive; a hung one is killed at once (it cannot handle SIGTERM)."""
-    for slot, process in enumerate(processes):
+    started = {slot: process for slot, process in enumerate(processes) if process.pid is not None}
+    for slot, process in started.items():
         if process.is_alive() and hung and slot in hung:
             process.kill()
         elif process.is_alive():
             process.terminate()
-    for process in processes:
+    for process in started.values():
         process.join(grace_s)
         if process.is_alive():
             process.kill()
