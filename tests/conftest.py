@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from render import ANSWER_SETS, render
+from render import ANSWER_SETS, render, templates_compiled_once
 
 HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_each_template_once():
+    """Hundreds of renders in one process: jinja compiles each source once (see templates_compiled_once)."""
+    with templates_compiled_once():
+        yield
 
 
 @pytest.fixture(scope="session")
