@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from trained import assert_bitwise_equal, package_of, train_on_one_machine
 
-pytestmark = pytest.mark.hosts
+pytestmark = [pytest.mark.hosts, pytest.mark.xdist_group("hosts")]  # one worker: its reference trains once
 
 NODE_ADDRESSES = ("10.77.0.1", "10.77.0.2")
 TIMEOUT_S = 15
@@ -79,7 +79,7 @@ def hosts():
             subprocess.run(["ip", "link", "del", f"ddp{tag}x{node}"], capture_output=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist interleaves modules
 def project(rendered):
     return rendered("linux-torchrun")
 
@@ -112,7 +112,7 @@ def spawn_node(project: Path, output: Path, node: int, port: int, *extra: str) -
             *extra]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist interleaves modules
 def one_machine(project, tmp_path_factory) -> Path:
     """The same training as 2 ranks on one machine: what both hosts together must reproduce."""
     return train_on_one_machine(project, tmp_path_factory.mktemp("one-machine"), *SETTINGS)

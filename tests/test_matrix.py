@@ -65,7 +65,7 @@ def cases():
 CASES = list(dict.fromkeys(cases()))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist interleaves modules
 def plain_template(tmp_path_factory):
     return copy_template(tmp_path_factory.mktemp("template") / "plain")
 

@@ -7,6 +7,7 @@ one node with two tasks (two ranks over gloo). Marked `slurm`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ import pytest
 import torch
 from trained import assert_bitwise_equal, train_on_one_machine
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one worker: the cluster's daemons use fixed ports
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel")
 SETTINGS = ("--device", "cpu", "--backend", "gloo", "--precision", "no", "--parallelism", "ddp", "--seed", "5",
@@ -59,7 +60,7 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist interleaves modules
 def cluster(tmp_path_factory):
     """A one-host Slurm cluster, started here and stopped afterwards; yields the environment for its commands."""
     missing = [tool for tool in DAEMONS if shutil.which(tool) is None]
@@ -87,12 +88,13 @@ def cluster(tmp_path_factory):
         for daemon in ("slurmd", "slurmctld"):
             pid_file = folder / f"{daemon}.pid"
             if pid_file.exists():
-                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):  # it stopped already
+                    os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
         if started_munge:
             subprocess.run(["pkill", "-x", "munged"])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist interleaves modules
 def project(rendered):
     return rendered("linux-torchrun")
 
@@ -117,7 +119,7 @@ def completions(cluster) -> list[str]:
     return done.stdout.split()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: xdist interleaves modules
 def spawn_reference(project, tmp_path_factory) -> Path:
     return train_on_one_machine(project, tmp_path_factory.mktemp("spawn"), *SETTINGS, "--epochs", "6")
 
