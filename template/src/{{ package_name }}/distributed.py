@@ -322,6 +322,7 @@ def torchrun_rank() -> RankInfo:
 RESTART_VARIABLE = "DDP_RESTART_COUNT"  # the spawn path's twin of torchrun's TORCHELASTIC_RESTART_COUNT
 INTERRUPTED = 130  # the shell convention for Ctrl+C
 STOPPED = 75  # EX_TEMPFAIL: stopped on request with a checkpoint saved; run again to continue
+REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
 
 
 def restart_count() -> int:
@@ -390,9 +391,6 @@ def spawn(config: Config) -> int:
         return status
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-REFUSED = -1  # a rank refused to start (LaunchError): the launcher has printed why; restarting cannot help
 
 
 def _run_ranks_in_own_folder(config: Config) -> int:
