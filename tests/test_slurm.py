@@ -30,6 +30,8 @@ SETTINGS = ("--device", "cpu", "--backend", "gloo", "--precision", "no", "--para
 
 
 def slurm_conf(folder: Path) -> str:
+    """sched_interval=1: a requeued job becomes startable once its old credentials expire (cred_expire=10), and
+    only the main scheduling loop starts it then, every 60 s by default (USR1 test: 70 s -> 22 s)."""
     host = socket.gethostname()
     return f"""ClusterName=ddptest
 SlurmctldHost={host}
@@ -52,6 +54,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
 JobRequeue=1
+SchedulerParameters=sched_interval=1
 JobCompType=jobcomp/filetxt
 JobCompLoc={folder}/jobcomp.log
 MpiDefault=none
@@ -112,6 +115,26 @@ def job_state(env: dict, job: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S+)", shown))
 
 
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def submit(env: dict, project: Path, *args: str) -> str:
+    """sbatch scripts/train.sbatch ARGS; the job id."""
+    submitted = subprocess.run(["sbatch", "--parsable", "scripts/train.sbatch", *args],
+                               cwd=project, env=env, capture_output=True, text=True)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().split(";")[0]
+
+
+def wait_for(env: dict, job: str, timeout_s: float = 480) -> dict[str, str]:
+    """The job's final state. Polled here every 0.2 s: `sbatch --wait` polls ever more slowly, up to 10 s apart."""
+    deadline = time.monotonic() + timeout_s
+    while (state := job_state(env, job)).get("JobState") not in FINISHED:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    return state
+
+
 def completions(cluster) -> list[str]:
     """What Slurm's job completion log (read by `sacct --completion`) says of each job."""
     done = subprocess.run(["sacct", "--completion", "-n", "-P", "-o", "JobID,State,ExitCode,Elapsed"],
@@ -126,17 +149,14 @@ def spawn_reference(project, tmp_path_factory) -> Path:
 
 def test_sbatch_trains_two_tasks_bitwise_equal_to_the_spawn_path(cluster, project, spawn_reference, tmp_path):
     env = job_env(cluster, project)
-    submitted = subprocess.run(
-        ["sbatch", "--wait", "--parsable", "scripts/train.sbatch", *SETTINGS, "--epochs", "6",
-         "--output-dir", str(tmp_path)],
-        cwd=project, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    job = submitted.stdout.strip().split(";")[0]
-    log = (project / f"slurm-{job}.out").read_text(encoding="utf-8") if job else ""
-    assert submitted.returncode == 0, submitted.stderr + log
+    job = submit(env, project, *SETTINGS, "--epochs", "6", "--output-dir", str(tmp_path))
+    state = wait_for(env, job)
+    log = (project / f"slurm-{job}.out").read_text(encoding="utf-8")
+    assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0"), (state, log)
     assert (project / "logs" / f"slurm-{job}-node0.out").is_file()  # the node's own log
     for rank in (0, 1):
-        assert f"rank {rank} of 2 started on cpu" in (tmp_path / "logs" / f"rank{rank}.log").read_text("utf-8")
+        log = (tmp_path / "logs" / f"rank{rank}.log").read_text("utf-8")
+        assert f"rank {rank} of 2 started on cpu" in log and "started by srun," in log
     assert_bitwise_equal(spawn_reference, tmp_path)
     finished = completions(cluster)
     print("sacct --completion:", *finished, sep="\n  ")  # shown with pytest -rP
@@ -145,11 +165,7 @@ def test_sbatch_trains_two_tasks_bitwise_equal_to_the_spawn_path(cluster, projec
 
 def test_usr1_saves_stops_requeues_and_the_job_ends_bitwise_equal(cluster, project, spawn_reference, tmp_path):
     env = job_env(cluster, project)
-    job = subprocess.run(
-        ["sbatch", "--parsable", "scripts/train.sbatch", *SETTINGS, "--epochs", "6", "--checkpoint-every", "5",
-         "--output-dir", str(tmp_path)],
-        cwd=project, env=env, capture_output=True, text=True, check=True,
-    ).stdout.strip().split(";")[0]  # fmt: skip
+    job = submit(env, project, *SETTINGS, "--epochs", "6", "--checkpoint-every", "5", "--output-dir", str(tmp_path))
     deadline = time.monotonic() + 240
     while not list((tmp_path / "checkpoints").glob("step-*.pt")):
         assert job_state(env, job).get("JobState") in ("PENDING", "RUNNING") and time.monotonic() < deadline
@@ -160,11 +176,8 @@ def test_usr1_saves_stops_requeues_and_the_job_ends_bitwise_equal(cluster, proje
         time.sleep(0.5)
     # A requeued job waits until the old job credentials expire: 120 s by default, 10 s on this test cluster
     # (AuthInfo=cred_expire); starting it earlier fails with "Job credential revoked".
-    while job_state(env, job).get("JobState") not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
-        assert time.monotonic() < deadline + 240, job_state(env, job)
-        time.sleep(0.5)
+    state = wait_for(env, job)
     log = (project / f"slurm-{job}.out").read_text(encoding="utf-8")
-    state = job_state(env, job)
     assert state["JobState"] == "COMPLETED" and state["Restarts"] == "1", (state, log)
     assert "the ranks saved a checkpoint on SIGUSR1; requeueing" in log
     rank0 = (tmp_path / "logs" / "rank0.log").read_text(encoding="utf-8")
@@ -184,13 +197,10 @@ def test_more_tasks_than_gpus_fails_the_job_with_the_count_and_the_fix(cluster, 
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has 2 GPUs: the job would be valid")
     env = job_env(cluster, project)
-    submitted = subprocess.run(
-        ["sbatch", "--wait", "--parsable", "scripts/train.sbatch", *SETTINGS, "--device", "cuda", "--epochs", "1",
-         "--output-dir", str(tmp_path)],
-        cwd=project, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    job = submitted.stdout.strip().split(";")[0]
-    assert submitted.returncode in (1, 143)  # 1: a rank's own status; 143: srun stopped its peer first (SIGTERM)
+    job = submit(env, project, *SETTINGS, "--device", "cuda", "--epochs", "1", "--output-dir", str(tmp_path))
+    state = wait_for(env, job)
+    # 1: a rank's own status; 143: srun stopped its peer first (SIGTERM)
+    assert state["JobState"] == "FAILED" and state["ExitCode"] in ("1:0", "143:0"), state
     node_log = (project / "logs" / f"slurm-{job}-node0.out").read_text(encoding="utf-8")
     assert f"2 GPU(s) needed for 2 process(es) with parallelism=ddp, {torch.cuda.device_count()} visible" in node_log
     assert not (tmp_path / "checkpoints").exists()
