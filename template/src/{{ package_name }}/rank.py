@@ -92,7 +92,7 @@ def run_rank(config: Config, info: RankInfo) -> int:
         devices = ", ".join(str(d) for d in devices_for(config, info.local_rank))
         log.info(
             f"rank {info.rank} of {info.world_size} started on {devices} (backend {config.backend}, "
-            f"pid {os.getpid()}); gloo listens on {listening}"
+            f"started by {info.started_by}, pid {os.getpid()}); gloo listens on {listening}"
         )
         build_trainer(config, info, log).fit()
     except StopRequested as stop:

@@ -2,9 +2,10 @@
 
     python -m <package>.train --nproc-per-node 2 --epochs 5
 
-Run plainly, this starts its own ranks with multiprocessing's spawn (the only
-way that works on native Windows, and it works on Linux too) and never imports
-torch itself: only the ranks do (rank.py). Under torchrun the process joins as
+Run plainly, this starts its own ranks with multiprocessing (spawn, the only
+way that works on native Windows; a fork server that has imported torch once
+where Python has one) and never imports torch itself: only the ranks do
+(rank.py). Under torchrun the process joins as
 the rank torchrun gave it. Every setting comes from
 configs/train.toml and can be overridden by a flag; `--help` lists them.
 The recipe builds the model, data, optimizer, schedule, loss and metric;
