@@ -294,8 +294,7 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, environ: 
     """
     global _heartbeat
     _heartbeat = (beats, local_rank)
-    for name in set(os.environ) - set(environ):
-        del os.environ[name]
+    os.environ.clear()
     os.environ.update(environ)
     info = RankInfo(
         rank=config.node_rank * config.nproc_per_node + local_rank,
