@@ -1,8 +1,17 @@
 """GPU runs; each skips with its reason on machines without enough CUDA GPUs."""
 
 import pytest
+import torch
 
-from conftest import RENDERED_BACKEND, assert_ok, final_parameters, requires_gpus, train
+from conftest import RENDERED_BACKEND, assert_ok, final_parameters, train
+
+requires_gpus = {
+    count: pytest.mark.skipif(
+        torch.cuda.device_count() < count,
+        reason=f"needs {count} CUDA GPU(s); this machine has {torch.cuda.device_count()}",
+    )
+    for count in (1, 2)
+}
 
 GPU_RUNS = [
     pytest.param(["--nproc-per-node", "1"], marks=requires_gpus[1], id="1-gpu"),
