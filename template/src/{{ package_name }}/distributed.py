@@ -428,10 +428,16 @@ def _run_ranks_in_own_folder(config: Config) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_ranks(config: Config, folder: Path) -> int:
+def process_context() -> multiprocessing.context.BaseContext:
+    """How this program starts processes: the launcher its ranks, each rank its DataLoader workers (loaders.py)."""
     context = multiprocessing.get_context(START_METHOD)
     if START_METHOD == "forkserver":
         context.set_forkserver_preload(list(PRELOADED))  # takes effect when the server starts: the first start
+    return context
+
+
+def _run_ranks(config: Config, folder: Path) -> int:
+    context = process_context()
     # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
     beats = context.RawArray("d", config.nproc_per_node)
     reports = [folder / f"rank{slot}.failure.json" for slot in range(config.nproc_per_node)]

@@ -16,6 +16,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torch.utils.data._utils.collate import default_collate
 
+from .distributed import process_context
+
 
 class Batch(tuple):
     """A batch that a dataset's `__getitems__` already assembled, e.g. (inputs, targets); passed on as it is."""
@@ -71,8 +73,10 @@ def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, s
         collate_fn=collate,
         num_workers=workers,
         persistent_workers=workers > 0,
-        # Windows only has spawn; using it everywhere keeps Linux runs identical to Windows ones.
-        multiprocessing_context="spawn" if workers > 0 else None,
+        # Started as the ranks are: spawn on Windows, elsewhere from a fork server that prepares them exactly as
+        # spawned ones (a Dataset Windows cannot pickle fails on Linux too) and imports torch once per rank, not
+        # once per worker.
+        multiprocessing_context=process_context() if workers > 0 else None,
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed),
         pin_memory=pin,
