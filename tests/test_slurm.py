@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from trained import assert_bitwise_equal, train_on_one_machine
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one worker: the cluster's daemons use fixed ports
@@ -194,6 +193,8 @@ def test_the_job_script_run_outside_slurm_says_how_to_submit_it(project):
 
 
 def test_more_tasks_than_gpus_fails_the_job_with_the_count_and_the_fix(cluster, project, tmp_path):
+    import torch  # here: every pytest worker collects this module
+
     if torch.cuda.device_count() >= 2:
         pytest.skip("this machine has 2 GPUs: the job would be valid")
     env = job_env(cluster, project)

@@ -1,4 +1,7 @@
-"""Training a rendered project from the template's own tests (two hosts, Slurm): one copy of each helper."""
+"""Training a rendered project from the template's own tests (two hosts, Slurm): one copy of each helper.
+
+torch is imported where it is used: every pytest worker collects these modules, most never compare models.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import torch
 
 
 def package_of(project: Path) -> str:
@@ -27,6 +28,8 @@ def train_on_one_machine(project: Path, output: Path, *settings: str) -> Path:
 
 
 def assert_bitwise_equal(first: Path, second: Path) -> None:
+    import torch
+
     a = torch.load(first / "model.pt", weights_only=True)["model"]
     b = torch.load(second / "model.pt", weights_only=True)["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
