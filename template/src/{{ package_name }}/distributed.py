@@ -245,15 +245,11 @@ def cleanup() -> None:
 _heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _run_ranks
 
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-# What a fork server imports once, so that the processes forked from it need not: never the launcher, and not
-# the project's own modules (every rank imports those afresh, as a spawned rank would).
-# - torch, for ranks and DataLoader workers: importing it does not initialize CUDA, so the forked ranks can.
-# - torch._dynamo, for CPU ranks: DDP's constructor and the optimizer import it in every rank (1.4 CPU-s each
-#   here). Imported once in the server, a 2-rank start costs 3.5 CPU-s instead of 4.5 and takes no longer; a
-#   rank that refuses to start, which needs neither, waits 1.2 s longer. CUDA ranks import it themselves: that
-#   importing it touches no CUDA state was checked on a CPU build only (it calls torch.cuda._is_compiled alone).
-RANK_PRELOAD = {"cpu": ("torch", "torch._dynamo"), "cuda": ("torch",)}
-WORKER_PRELOAD = ("torch",)
+# Imported once by the fork server, never by the launcher; importing torch does not initialize CUDA, so
+# the forked ranks can. Not torch._dynamo (DDP's constructor imports it): the server imports serially, and
+# with it every start waited about 1.5 s longer, a rank's refusal 3.5 s. Not the project's own modules:
+# every rank imports them afresh, as a spawned rank would.
+PRELOADED = ("torch",)
 
 
 def die_with_the_launcher() -> None:
@@ -432,16 +428,16 @@ def _run_ranks_in_own_folder(config: Config) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def process_context(preload: tuple[str, ...]) -> multiprocessing.context.BaseContext:
+def process_context() -> multiprocessing.context.BaseContext:
     """How this program starts processes: the launcher its ranks, each rank its DataLoader workers (loaders.py)."""
     context = multiprocessing.get_context(START_METHOD)
     if START_METHOD == "forkserver":
-        context.set_forkserver_preload(list(preload))  # takes effect when the server starts: the first start
+        context.set_forkserver_preload(list(PRELOADED))  # takes effect when the server starts: the first start
     return context
 
 
 def _run_ranks(config: Config, folder: Path) -> int:
-    context = process_context(RANK_PRELOAD[config.device])
+    context = process_context()
     # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
     beats = context.RawArray("d", config.nproc_per_node)
     reports = [folder / f"rank{slot}.failure.json" for slot in range(config.nproc_per_node)]

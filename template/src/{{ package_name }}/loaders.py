@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from torch.utils.data._utils.collate import default_collate
 
-from .distributed import WORKER_PRELOAD, process_context
+from .distributed import process_context
 
 
 class Batch(tuple):
@@ -76,7 +76,7 @@ def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, s
         # Started as the ranks are: spawn on Windows, elsewhere from a fork server that prepares them exactly as
         # spawned ones (a Dataset Windows cannot pickle fails on Linux too) and imports torch once per rank, not
         # once per worker.
-        multiprocessing_context=process_context(WORKER_PRELOAD) if workers > 0 else None,
+        multiprocessing_context=process_context() if workers > 0 else None,
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed),
         pin_memory=pin,
