@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .config import DEFAULT_CONFIG, Config, ConfigError, load
-from .distributed import LaunchError, backend_problems, check_port_free, gloo_binding
+from .distributed import LaunchError, backend_problems, check_port_free, exit_now, gloo_binding
 
 PROG = f"python -m {__package__}.doctor"
 
@@ -145,4 +145,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # without torch's teardown, as the ranks end
