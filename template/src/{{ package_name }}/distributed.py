@@ -246,9 +246,9 @@ _heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _
 
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 # Imported once by the fork server, never by the launcher; importing torch does not initialize CUDA, so
-# the forked ranks can. Not torch._dynamo, though DDP's constructor imports it in every rank (1.4 CPU-s each):
-# the server would import it before any rank can refuse to start, so a refusal took 2.5 s instead of 1.3 and
-# the project's own pytest 40 s instead of 32. Of the project's own modules only fork_server, which makes the
+# the forked ranks can. Not torch._dynamo, though DDP's constructor imports it in every rank (1.1 CPU-s each):
+# the server imports alone, before any rank starts, so every launch waits longer (a refusal 2.5 s instead of
+# 1.3) and the CPU it saves comes back as idle time. Of the project's own modules only fork_server, which makes the
 # server exit without tearing torch down: every rank imports the others afresh, as a spawned rank would.
 PRELOADED = ("torch", f"{__package__}.fork_server")
 
