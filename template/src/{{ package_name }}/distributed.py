@@ -246,11 +246,12 @@ _heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _
 
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 # Imported once by the fork server, never by the launcher; importing torch does not initialize CUDA, so
-# the forked ranks can. Not torch._dynamo, though DDP's constructor imports it in every rank (1.1 CPU-s each):
-# the server imports alone, before any rank starts, so every launch waits longer (a refusal 2.5 s instead of
-# 1.3) and the CPU it saves comes back as idle time. Of the project's own modules only fork_server, which makes the
-# server exit without tearing torch down: every rank imports the others afresh, as a spawned rank would.
-PRELOADED = ("torch", f"{__package__}.fork_server")
+# the forked ranks can. fork_server comes first: it turns the collector off before torch loads and makes the
+# server exit without tearing torch down. Not torch._dynamo, though DDP's constructor imports it in every rank
+# (about 1 CPU-s each): the server imports alone, before any rank starts, so every launch waits longer (a refusal
+# 2.5 s instead of 1.3) and the CPU it saves comes back as idle time. Every rank imports the project's other
+# modules afresh, as a spawned rank would.
+PRELOADED = (f"{__package__}.fork_server", "torch")
 
 
 def die_with_the_launcher() -> None:
