@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import json
 import logging
 import multiprocessing.connection
@@ -286,6 +287,25 @@ def die_with_the_launcher() -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
+def rank_program():
+    """rank.run_rank, imported as the fork server imports torch: the collector paused, then everything imported frozen.
+
+    torch and the engine live as long as the rank; frozen, they are never walked by its later collections, the
+    first of which run while DDP's constructor imports torch._dynamo. A spawned, torchrun or Slurm rank: `import
+    torch` and `torch._dynamo` 2.5 -> 2.0 CPU-s (docs/performance.md in the template); a fork server's child
+    finds torch frozen already. Only here, never in the launcher: rank.py imports torch; the recipe comes later.
+    """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from .rank import run_rank
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+    return run_rank
+
+
 def _spawned_rank(local_rank: int, config: Config, beats, report: str, environ: dict[str, str], method: str) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it).
 
@@ -305,9 +325,7 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, environ: 
         started_by=method,
     )
     try:
-        from .rank import run_rank  # torch and the recipe: in the rank, never in the launcher
-
-        status = run_rank(config, info)
+        status = rank_program()(config, info)
     except LaunchError as refused:
         failure = {"refused": True, "message": str(refused)}
     except Exception:

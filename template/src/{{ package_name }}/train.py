@@ -19,7 +19,16 @@ import subprocess
 import sys
 
 from .config import from_command_line
-from .distributed import INTERRUPTED, LaunchError, exit_now, spawn, torchrun_layout, torchrun_rank, under_torchrun
+from .distributed import (
+    INTERRUPTED,
+    LaunchError,
+    exit_now,
+    rank_program,
+    spawn,
+    torchrun_layout,
+    torchrun_rank,
+    under_torchrun,
+)
 
 PROG = f"python -m {__package__}.train"
 
@@ -41,9 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     config = from_command_line(argv, PROG)
     try:
         if under_torchrun():  # torchrun, or one Slurm task per rank: this process is one rank
-            from .rank import run_rank  # torch, only here: the launcher below never imports it
-
-            return run_rank(torchrun_layout(config), torchrun_rank())
+            return rank_program()(torchrun_layout(config), torchrun_rank())
         status = spawn(config)
         if status == INTERRUPTED:
             print(f"to continue from the newest checkpoint: {resume_command(argv)}", file=sys.stderr, flush=True)
