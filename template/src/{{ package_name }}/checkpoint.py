@@ -90,7 +90,8 @@ def prune(output_dir: str | Path, run_id: str, keep: int) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def load(path: Path) -> dict:
+def load(path: Path, training_state: bool = True) -> dict:
+    """A checkpoint's contents, checked; training_state=False also takes best.pt and model.pt (weights only)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -100,8 +101,9 @@ def load(path: Path) -> dict:
         raise CheckpointError(
             f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
         ) from None
-    if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
-        raise CheckpointError(f"checkpoint {path} does not hold a training state (no model or global_step)")
+    if not isinstance(state, dict) or "model" not in state or (training_state and "global_step" not in state):
+        what = "a training state (no model or global_step)" if training_state else "a model (no 'model' entry)"
+        raise CheckpointError(f"checkpoint {path} does not hold {what}")
     if CHECKSUM in state and state[CHECKSUM] != fingerprint(state):
         raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match its {CHECKSUM} checksum)")
     return state

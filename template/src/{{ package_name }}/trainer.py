@@ -123,6 +123,15 @@ def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], flo
     return results
 
 
+def validation_metrics(recipe, sums: dict[str, torch.Tensor], samples: float) -> dict[str, float]:
+    """Each scalar sum per sample (the loss, metric()'s count), then what the recipe's metrics(sums) computes."""
+    values = {name: float(total) / max(samples, 1) for name, total in sums.items() if total.dim() == 0}
+    if hasattr(recipe, "metrics"):  # from the global sums: exact for any world size and batch size
+        found = recipe.metrics({**sums, "samples": torch.tensor(samples, dtype=torch.float64)})
+        values.update({name: float(value) for name, value in found.items()})
+    return values
+
+
 class Trainer:
     """One rank's training, given the objects the recipe built, as in PyTorch's DDP tutorial."""
 
@@ -342,6 +351,13 @@ class Trainer:
                     totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
 
+    def evaluate(self) -> dict[str, float]:
+        """The validation metrics of the model as it is, over all ranks (what each epoch's val_ columns hold)."""
+        totals = Totals(self.devices[-1])
+        self.validate(totals)
+        ((sums, samples),) = all_reduced([totals])
+        return {"samples": samples, **validation_metrics(self.recipe, sums, samples)}
+
     def run_epoch(self, epoch: int, progress) -> None:
         sampler = self.train_data.sampler
         sampler.set_epoch(epoch)
@@ -387,10 +403,7 @@ class Trainer:
         row = {"epoch": self.epoch, "step": self.global_step}
         for name, total in trained.items():
             row[name] = round(float(total) / max(seen, 1), 6 if name == "loss" else 4)
-        values = {name: float(total) / max(val_seen, 1) for name, total in validated.items() if total.dim() == 0}
-        if hasattr(self.recipe, "metrics"):  # the recipe's own metrics, computed from the global sums
-            values.update(self.recipe.metrics({**validated, "samples": torch.tensor(val_seen, dtype=torch.float64)}))
-        for name, value in values.items():
+        for name, value in validation_metrics(self.recipe, validated, val_seen).items():
             row[f"val_{name}"] = round(float(value), 6 if name == "loss" else 4)
         row["lr"] = f"{self.scheduler.get_last_lr()[0]:.6g}"
         if self.grad_norms:
