@@ -21,6 +21,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.9/3.10 only
     import tomli as tomllib
 
+from . import scalars
+
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "train.toml"
 
 
@@ -84,6 +86,9 @@ class Config:
     )
     deterministic: bool = setting("deterministic algorithms only (slower)")
     progress: bool = setting("progress bar on rank 0 (only when stdout is a terminal)")
+    tensorboard: bool = setting(
+        "rank 0 also writes metrics.csv's scalars as TensorBoard events under output_dir", scalars.missing_package
+    )
     # [distributed]
     backend: str = setting("collective backend (Windows: gloo only)", choices=("gloo", "nccl"))
     device: str = setting("where each rank computes", choices=("cpu", "cuda"))

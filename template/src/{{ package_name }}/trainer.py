@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, faults, records, rng
+from . import checkpoint, faults, records, rng, scalars
 from .config import Config
 from .distributed import LaunchError, RankInfo, devices_for, restart_count
 from .logs import progress_bar
@@ -322,6 +322,8 @@ class Trainer:
         if progress is not None:
             progress.set_postfix(epoch=row["epoch"], loss=row["loss"], acc=row[name], samples_s=row["samples_per_s"])
         records.append_metrics(self.output_dir / records.METRICS, row)
+        if self.config.tensorboard:
+            scalars.write(self.output_dir, row)
         value, sign = row[self.config.best_metric], 1 if self.config.best_mode == "min" else -1
         if self.best is None or sign * value < sign * self.best[0]:
             self.best = (value, row["epoch"])
