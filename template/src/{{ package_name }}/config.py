@@ -190,9 +190,19 @@ def load(path: Path) -> Config:
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its one-line refusal broken to the console's width (logs.wrapped)."""
+
+    def error(self, message: str):
+        from .logs import wrapped
+
+        self.print_usage(sys.stderr)
+        self.exit(2, wrapped(f"{self.prog}: error: {message}") + "\n")
+
+
 def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentParser:
     """A flag per setting, generated from Config; --help shows each one's meaning and its value in the file."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog,
         description="Train with DistributedDataParallel. Run plainly, it starts its own ranks; "
         "under torchrun it joins as one rank. Every flag overrides the same setting in the config file.",
