@@ -125,8 +125,9 @@ def prune(output_dir: str | Path, run_id: str, keep: int) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def load(path: Path) -> dict:
-    """The training state in `path`, after its CRC-32s are checked (in a second thread, beside torch.load)."""
+def load(path: Path, training_state: bool = True) -> dict:
+    """A checkpoint's contents after its CRC-32s are checked (in a second thread, beside torch.load);
+    training_state=False also takes best.pt and model.pt (weights only)."""
     with ThreadPoolExecutor(1) as pool:
         checked = pool.submit(damaged_records, path)
         try:
@@ -146,8 +147,9 @@ def load(path: Path) -> dict:
         raise CheckpointError(
             f"checkpoint {path} is damaged (its contents do not match their CRC-32 checksums: {', '.join(damaged)})"
         )
-    if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
-        raise CheckpointError(f"checkpoint {path} does not hold a training state (no model or global_step)")
+    if not isinstance(state, dict) or "model" not in state or (training_state and "global_step" not in state):
+        what = "a training state (no model or global_step)" if training_state else "a model (no 'model' entry)"
+        raise CheckpointError(f"checkpoint {path} does not hold {what}")
     state.pop(EARLIER_CHECKSUM, None)
     return state
 

@@ -82,6 +82,12 @@ class Config:
     best_metric: str = setting("metrics.csv column that picks best.pt: val_loss or val_<the recipe's metric>")
     best_mode: str = setting("whether best_metric is best when lowest or highest", choices=("min", "max"))
     stop_on_nonfinite_loss: bool = setting("stop when the loss turns NaN or infinite, keeping the last good checkpoint")
+    max_grad_norm: float = setting(
+        "clip the gradients' global L2 norm to this once per step (0: no clipping)", at_least(0)
+    )
+    early_stop_patience: int = setting(
+        "stop after this many epochs without a better best_metric (0: train every epoch)", at_least(0)
+    )
     precision: str = setting("autocast precision; parameters stay fp32", choices=("no", "fp16", "bf16"))
     parallelism: str = setting(
         "one device per process, or the model split over 2", choices=("ddp", "ddp_model_parallel")
