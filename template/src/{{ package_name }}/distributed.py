@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import Config
+from .logs import shown_path, wrapped
 
 if TYPE_CHECKING:
     import torch
@@ -499,14 +500,14 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
     silent = _silent_ranks(beats, 3.0) if failure else {}  # a rank timed out waiting: was a peer frozen?
     _stop(ranks, hung=silent)
     if failure and failure["refused"]:
-        print(f"error: {failure['message']}", file=sys.stderr, flush=True)
+        print(wrapped(f"error: {failure['message']}"), file=sys.stderr, flush=True)
         return REFUSED
     if failure:
         reason = [line for line in failure["message"].splitlines() if line.strip()][-1]
         logs = Path(config.output_dir) / "logs"
-        details = f" (details: {logs / 'rank*.log'})" if logs.is_dir() else ""  # only where logs were written
+        details = f" (details: {shown_path(logs / 'rank*.log')})" if logs.is_dir() else ""  # where logs were written
         cause = f"{_describe(silent)}, and " if silent else ""
-        print(f"error: {cause}rank {slot} failed: {reason}{details}", file=sys.stderr, flush=True)
+        print(wrapped(f"error: {cause}rank {slot} failed: {reason}{details}"), file=sys.stderr, flush=True)
         return 1
     if code == STOPPED:
         print("stopped on SIGUSR1 with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)

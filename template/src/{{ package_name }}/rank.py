@@ -149,8 +149,9 @@ def run_rank(config: Config, info: RankInfo) -> int:
         devices = ", ".join(str(d) for d in devices_for(config, info.local_rank))
         log.info(
             f"rank {info.rank} of {info.world_size} started on {devices} (backend {config.backend}, "
-            f"started by {info.started_by}, pid {os.getpid()}); gloo listens on {listening}"
+            f"started by {info.started_by}, pid {os.getpid()})"
         )
+        log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
         build_trainer(config, info, log).fit()
     except StopRequested as stop:
         log.info(str(stop))

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, faults, records, rng
+from . import checkpoint, faults, records, rng, scalars
 from .config import Config
 from .distributed import LaunchError, RankInfo, devices_for, restart_count
 from .loaders import map_tensors, samples_in, to_device
-from .logs import progress_bar
+from .logs import epoch_line, progress_bar, show_epoch, shown_path, start_lines
 
 
 class NonFiniteLoss(RuntimeError):
@@ -33,7 +33,6 @@ class NonFiniteLoss(RuntimeError):
 CAN_REQUEST_A_STOP = hasattr(signal, "SIGUSR1")  # POSIX only; Windows has no such signal
 STOP_REQUESTED = threading.Event()
 STOP_CHECK_EVERY = 16
-SHORT_NAMES = {"accuracy": "acc", "grad_norm": "gnorm"}  # in the progress bar's 80 columns
 
 
 class StopRequested(Exception):
@@ -240,15 +239,19 @@ class Trainer:
             return
         self.load_state(state or checkpoint.load(Path(picked[0])))
         self.resumed = True
-        self.log.info(f"resumed from {picked[0]}: {self.where_training_continues()}")
+        # The start line names the output folder: a checkpoint in it is named by its file name alone.
+        picked_path = Path(picked[0])
+        in_output = picked_path.parent.resolve() == checkpoint.directory(self.output_dir).resolve()
+        shown = picked_path.name if in_output else shown_path(picked_path)
+        self.log.info(f"resumed from {shown}: {self.where_training_continues()}")
 
     def where_training_continues(self) -> str:
         if self.epoch >= self.config.epochs:
             return f"all {self.config.epochs} epochs were already trained"
         if self.step_in_epoch:
             return (
-                f"continuing in epoch {self.epoch + 1}/{self.config.epochs} at step {self.step_in_epoch + 1} "
-                f"of {self.steps_per_epoch}"
+                f"continuing at epoch {self.epoch + 1}/{self.config.epochs}, "
+                f"step {self.step_in_epoch + 1}/{self.steps_per_epoch}"
             )
         return f"continuing at epoch {self.epoch + 1}/{self.config.epochs}"
 
@@ -447,17 +450,12 @@ class Trainer:
         )
 
     def record_epoch(self, row: dict, progress, improved: bool) -> None:
-        """Rank 0: the log line, the progress bar, metrics.csv and best.pt."""
-        shown = [name for name in row if name not in ("epoch", "step", "lr", "samples_per_s", "resumed")]
-        self.log.info(
-            f"epoch {row['epoch']}/{self.config.epochs}  "
-            + "  ".join(f"{name} {row[name]:.4f}" for name in shown)
-            + f"  ({row['samples_per_s']} samples/s)"
-        )
-        if progress is not None:
-            metrics = {SHORT_NAMES.get(name, name): row[name] for name in shown if not name.startswith("val_")}
-            progress.set_postfix(epoch=row["epoch"], **metrics, samples_s=row["samples_per_s"])
+        """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy) and best.pt."""
+        self.log.info(epoch_line(row, self.config.epochs))
+        show_epoch(progress, row, self.config.epochs)
         records.append_metrics(self.output_dir / records.METRICS, row)
+        if self.config.tensorboard:
+            scalars.write(self.output_dir, row)
         if improved:
             name = self.config.best_metric
             best = {"model": self.model.module.state_dict(), "epoch": row["epoch"], name: row[name]}
@@ -469,11 +467,8 @@ class Trainer:
             records.write_run_record(
                 self.output_dir, self.run_id, self.info.world_size, restart_count(), vars(self.config)
             )
-            self.log.info(
-                f"run {self.run_id}: global batch {self.config.global_batch_size} = "
-                f"{self.info.world_size} rank(s) x {self.config.accumulate_steps} micro-batch(es) x "
-                f"{self.config.micro_batch}; output in {self.output_dir}"
-            )
+            for line in start_lines(self.run_id, self.config, self.info.world_size):
+                self.log.info(line)
         progress = (
             progress_bar(self.total_steps, self.global_step) if self.info.rank == 0 and self.config.progress else None
         )
@@ -490,5 +485,5 @@ class Trainer:
                 progress.close()
         if self.info.rank == 0:
             checkpoint.save_atomic({"model": self.model.module.state_dict()}, self.output_dir / "model.pt")
-            self.log.info(f"done: {self.global_step} steps; model saved to {self.output_dir / 'model.pt'}")
+            self.log.info(f"done: {self.global_step} steps; model saved to {shown_path(self.output_dir / 'model.pt')}")
         dist.barrier()
