@@ -440,7 +440,7 @@ class Trainer:
         value, epoch = self.best
         return (
             f"stopped early after epoch {self.epoch}: {self.config.best_metric} has not improved for {patience} "
-            f"epoch(s) since epoch {epoch} ({value}); best.pt holds epoch {epoch}, model.pt epoch {self.epoch}"
+            f"epoch(s)\nbest.pt holds epoch {epoch} ({self.config.best_metric} {value}), model.pt epoch {self.epoch}"
         )
 
     def stopped_at(self) -> str:
