@@ -93,7 +93,7 @@ def test_defaults_follow_earlier_answers(tmp_path):
 def test_every_question_has_help_and_no_setting_needs_trust():
     config = yaml.safe_load((TEMPLATE / "copier.yml").read_text(encoding="utf-8"))
     questions = {k: v for k, v in config.items() if not k.startswith("_") and v.get("when") is not False}
-    assert len(questions) == 16
+    assert len(questions) == 22
     assert all(question.get("help") for question in questions.values())
     # The prompt prints "🎤 " and the help on an 80-column line: no line of a help may wrap there.
     long = [key for key, q in questions.items() if "{" not in q["help"] and max(map(len, q["help"].splitlines())) > 76]
