@@ -47,6 +47,8 @@ def test_train_bat_passes_only_the_config_then_every_argument(rendered, wine_cmd
         *PASSTHROUGH_PARSED,
     ]  # fmt: skip
     assert run.env("python")["USE_LIBUV"] == "0"
+    # As typed: the resume hint after Ctrl+C names this script (train.py's resume_command).
+    assert run.env("python")["DDP_LAUNCHER"] == launcher(project, "train.bat")
 
 
 def test_train_bat_in_the_projects_active_environment_starts_python_directly(rendered, wine_cmd):
@@ -193,8 +195,13 @@ def test_train_ps1_mirrors_train_bat(rendered, name):
     ps1 = (project / "scripts" / "train.ps1").read_text(encoding="ascii")  # ASCII: PowerShell 5.1 reads UTF-8 as ANSI
     assert dict(PS1_SET.findall(ps1)) == {"USE_LIBUV": "0"}
     assert dict(BAT_SET.findall(bat)) == {
-        "USE_LIBUV": "0", "VIRTUAL_ENV": "%~dp0..\\.venv", "PATH": "%~dp0..\\.venv\\Scripts;%PATH%",
+        "USE_LIBUV": "0", "DDP_LAUNCHER": "%0",  # the script as typed
+        "VIRTUAL_ENV": "%~dp0..\\.venv", "PATH": "%~dp0..\\.venv\\Scripts;%PATH%",
     }  # fmt: skip
+    launcher_line = (
+        '$env:DDP_LAUNCHER = "powershell -ExecutionPolicy Bypass -File $(Resolve-Path -Relative $PSCommandPath)"'
+    )
+    assert launcher_line in ps1.splitlines()
     # The same .venv, set up the same way (PowerShell's lines hold a variable, so they are not PS1_SET's form).
     assert "$venv = Join-Path $PSScriptRoot '..\\.venv'" in ps1
     assert "$env:VIRTUAL_ENV = $venv" in ps1 and '$env:PATH = "$venv\\Scripts;$env:PATH"' in ps1

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from .config import DEFAULT_CONFIG, Config, ConfigError, load
 from .distributed import LaunchError, backend_problems, check_port_free, exit_now, gloo_binding
+from .logs import wrapped
 
 PROG = f"python -m {__package__}.doctor"
 
@@ -283,11 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     driver = driver_version()
     installed = {"driver": driver or "none (no nvidia-smi)"}
     for name, value in {**facts(), **installed, **network(config), **sources}.items():
-        print(f"{name:>10}: {value}")
+        print(wrapped(f"{name:>10}: {value}", sys.stdout, indent=" " * 12))
     print()
     findings = compare(config) + companion_findings(wanted) + driver_findings(wanted, driver) + unreachable
     for finding in findings:
-        print(f"{finding.level:<4}  {finding.text}")
+        print(wrapped(f"{finding.level:<4}  {finding.text}", sys.stdout, indent=" " * 6))
     return 1 if any(f.level == "FAIL" for f in findings) else 0
 
 
