@@ -288,8 +288,9 @@ def die_with_the_launcher() -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def rank_program():
-    """rank.run_rank, imported as the fork server imports torch: the collector paused, then everything imported frozen.
+def rank_program(program: str = "run_rank"):
+    """A function of rank.py (run_rank, run_evaluation), imported as the fork server imports torch: the collector
+    paused, then everything imported frozen.
 
     torch and the engine live as long as the rank; frozen, they are never walked by its later collections, the
     first of which run while DDP's constructor imports torch._dynamo. A spawned, torchrun or Slurm rank: `import
@@ -299,15 +300,17 @@ def rank_program():
     collecting = gc.isenabled()
     gc.disable()
     try:
-        from .rank import run_rank
+        from . import rank
     finally:
         gc.freeze()
         if collecting:
             gc.enable()
-    return run_rank
+    return getattr(rank, program)
 
 
-def _spawned_rank(local_rank: int, config: Config, beats, report: str, environ: dict[str, str], method: str) -> None:
+def _spawned_rank(
+    local_rank: int, config: Config, beats, report: str, environ: dict[str, str], method: str, program: tuple
+) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it).
 
     `environ` is the launcher's environment at this start: a fork server's child would otherwise inherit
@@ -326,7 +329,7 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, environ: 
         started_by=method,
     )
     try:
-        status = rank_program()(config, info)
+        status = rank_program(program[0])(config, info, *program[1:])
     except LaunchError as refused:
         failure = {"refused": True, "message": str(refused)}
     except Exception:
@@ -402,8 +405,10 @@ def _raise_terminated(signum, frame) -> None:
     raise _Terminated
 
 
-def spawn(config: Config) -> int:
+def spawn(config: Config, program: tuple = ("run_rank",)) -> int:
     """Start config.nproc_per_node ranks on this machine and wait for all of them.
+
+    Each runs `program`: the name of an entry point in rank.py (training by default), then its arguments.
 
     Returns the exit status for the whole job: 0 when every rank finished,
     otherwise non-zero. When one rank fails, the others are stopped, so the
@@ -425,7 +430,7 @@ def spawn(config: Config) -> int:
                     flush=True,
                 )
                 config = dataclasses.replace(config, resume="auto")
-            status = _run_ranks_in_own_folder(config)
+            status = _run_ranks_in_own_folder(config, program)
             if status in (0, INTERRUPTED, STOPPED, REFUSED):
                 return 1 if status == REFUSED else status
         return status
@@ -433,7 +438,7 @@ def spawn(config: Config) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_ranks_in_own_folder(config: Config) -> int:
+def _run_ranks_in_own_folder(config: Config, program: tuple) -> int:
     """One start of the ranks, with a new folder for its failure reports and, on one machine, its store.
 
     On one machine the ranks meet through a file there (a FileStore), so nothing listens on a port.
@@ -443,7 +448,7 @@ def _run_ranks_in_own_folder(config: Config) -> int:
     if config.nnodes == 1:
         os.environ[STORE_FILE_VARIABLE] = os.path.join(folder, "store")
     try:
-        return _run_ranks(config, Path(folder))
+        return _run_ranks(config, Path(folder), program)
     finally:
         os.environ.pop(STORE_FILE_VARIABLE, None)
         shutil.rmtree(folder, ignore_errors=True)
@@ -457,7 +462,7 @@ def process_context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def _run_ranks(config: Config, folder: Path) -> int:
+def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
     context = process_context()
     # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
     beats = context.RawArray("d", config.nproc_per_node)
@@ -465,7 +470,7 @@ def _run_ranks(config: Config, folder: Path) -> int:
     ranks = [
         context.Process(
             target=_spawned_rank,
-            args=(slot, config, beats, str(reports[slot]), dict(os.environ), START_METHOD),
+            args=(slot, config, beats, str(reports[slot]), dict(os.environ), START_METHOD, program),
             name=f"rank{slot}",
         )
         for slot in range(config.nproc_per_node)

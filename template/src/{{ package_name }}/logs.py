@@ -71,18 +71,34 @@ def number(value: float) -> str:
     return f"{value:.4g}"
 
 
-def epoch_line(row: dict, epochs: int, metric: str) -> str:
-    """`epoch 3/5  loss 0.1234 (val 0.1301)  accuracy 0.961 (val 0.955)  52340 samples/s`, within 80 columns:
-    the rate is shortened, then left out, when a long metric name needs the room (metrics.csv keeps it)."""
-    line = (
-        f"epoch {row['epoch']}/{epochs}  loss {number(row['loss'])} (val {number(row['val_loss'])})  "
-        f"{metric} {row[metric]:.3f} (val {row['val_' + metric]:.3f})"
-    )
-    rate = row["samples_per_s"]
+NOT_SHOWN = ("epoch", "step", "lr", "samples_per_s", "resumed")  # metrics.csv's columns that are not values
+
+
+def epoch_values(row: dict) -> list[str]:
+    """`loss 0.1234 (val 0.1301)`, one item per value, its validation twin beside it; validation-only last."""
+    names = [name for name in row if name not in NOT_SHOWN]
+    items = [
+        f"{name} {number(row[name])}" + (f" (val {number(row['val_' + name])})" if "val_" + name in row else "")
+        for name in names
+        if not name.startswith("val_")
+    ]
+    return items + [f"{name} {number(row[name])}" for name in names if name.startswith("val_") and name[4:] not in row]
+
+
+def epoch_line(row: dict, epochs: int) -> str:
+    """`epoch 3/5  loss 0.1234 (val 0.1301)  accuracy 0.961 (val 0.955)  52340 samples/s` within 80 columns:
+    the rate is shortened, then left out, and values that still do not fit go on indented lines below."""
+    lines, rate = [f"epoch {row['epoch']}/{epochs}"], row["samples_per_s"]
+    for item in epoch_values(row):
+        if len(lines[-1]) + 2 + len(item) <= COLUMNS:
+            lines[-1] += "  " + item
+        else:
+            lines.append("    " + item)
     for suffix in (f"  {rate:.0f} samples/s", f"  {rate:.0f}/s"):
-        if len(line + suffix) <= COLUMNS:
-            return line + suffix
-    return line
+        if len(lines[-1] + suffix) <= COLUMNS:
+            lines[-1] += suffix
+            break
+    return "\n".join(lines)
 
 
 def start_lines(run_id: str, config: Config, ranks: int) -> list[str]:
@@ -126,11 +142,12 @@ def progress_bar(total: int, done: int) -> tqdm | None:
     return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True, bar_format=BAR_FORMAT, file=sys.stdout)
 
 
-def show_epoch(progress: tqdm | None, row: dict, epochs: int, metric: str) -> None:
-    """The bar's postfix after an epoch: where it stands and the loss; the metric too when the window is wide."""
+def show_epoch(progress: tqdm | None, row: dict, epochs: int) -> None:
+    """The bar's postfix after an epoch: where it stands and the loss; more values when the window is wide."""
     if progress is None:
         return
     fields = f"loss {number(row['loss'])}, epoch {row['epoch']}/{epochs}"  # cut from the right when too long
     if shutil.get_terminal_size((COLUMNS, 24)).columns >= COLUMNS + 20:
-        fields = f"loss {number(row['loss'])}, {metric} {row[metric]:.3f}, epoch {row['epoch']}/{epochs}"
+        values = [item.split(" (val")[0] for item in epoch_values(row)[:3]]
+        fields = ", ".join([*values, f"epoch {row['epoch']}/{epochs}"])
     progress.set_postfix_str(fields)
