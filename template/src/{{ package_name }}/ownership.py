@@ -150,7 +150,13 @@ def hold_output_dir(output_dir: Path, node: int = 0) -> Iterator[None]:
             ) from None
         raise
     if handle is None:
-        raise InUse(describe_holder(output_dir, _read_note(path)))
+        note = _read_note(path)
+        for _ in range(50):  # the holder writes its note right after it takes the lock
+            if note:
+                break
+            time.sleep(0.02)
+            note = _read_note(path)
+        raise InUse(describe_holder(output_dir, note))
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z").strip()
     _note(handle, {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "run": None})
     try:
