@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import Config
+from .logs import shown_path, wrapped
 
 if TYPE_CHECKING:
     import torch
@@ -288,8 +289,9 @@ def die_with_the_launcher() -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def rank_program():
-    """rank.run_rank, imported as the fork server imports torch: the collector paused, then everything imported frozen.
+def rank_program(program: str = "run_rank"):
+    """A function of rank.py (run_rank, run_evaluation), imported as the fork server imports torch: the collector
+    paused, then everything imported frozen.
 
     torch and the engine live as long as the rank; frozen, they are never walked by its later collections, the
     first of which run while DDP's constructor imports torch._dynamo. A spawned, torchrun or Slurm rank: `import
@@ -299,15 +301,17 @@ def rank_program():
     collecting = gc.isenabled()
     gc.disable()
     try:
-        from .rank import run_rank
+        from . import rank
     finally:
         gc.freeze()
         if collecting:
             gc.enable()
-    return run_rank
+    return getattr(rank, program)
 
 
-def _spawned_rank(local_rank: int, config: Config, beats, report: str, environ: dict[str, str], method: str) -> None:
+def _spawned_rank(
+    local_rank: int, config: Config, beats, report: str, environ: dict[str, str], method: str, program: tuple
+) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it).
 
     `environ` is the launcher's environment at this start: a fork server's child would otherwise inherit
@@ -326,7 +330,7 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, environ: 
         started_by=method,
     )
     try:
-        status = rank_program()(config, info)
+        status = rank_program(program[0])(config, info, *program[1:])
     except LaunchError as refused:
         failure = {"refused": True, "message": str(refused)}
     except Exception:
@@ -416,8 +420,10 @@ def _ask_ranks_to_stop(signum, frame) -> None:
                     os.kill(rank.pid, signal.SIGTERM)
 
 
-def spawn(config: Config) -> int:
+def spawn(config: Config, program: tuple = ("run_rank",)) -> int:
     """Start config.nproc_per_node ranks on this machine and wait for all of them.
+
+    Each runs `program`: the name of an entry point in rank.py (training by default), then its arguments.
 
     Returns the exit status for the whole job: 0 when every rank finished,
     otherwise non-zero. When one rank fails, the others are stopped, so the
@@ -444,7 +450,7 @@ def spawn(config: Config) -> int:
                     flush=True,
                 )
                 config = dataclasses.replace(config, resume="auto")
-            status = _run_ranks_in_own_folder(config)
+            status = _run_ranks_in_own_folder(config, program)
             if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED) or _stop_signal:
                 return 1 if status == REFUSED else status
         return status
@@ -466,7 +472,7 @@ def warn_about_oversubscription(config: Config) -> None:
         )
 
 
-def _run_ranks_in_own_folder(config: Config) -> int:
+def _run_ranks_in_own_folder(config: Config, program: tuple) -> int:
     """One start of the ranks, with a new folder for its failure reports and, on one machine, its store.
 
     On one machine the ranks meet through a file there (a FileStore), so nothing listens on a port.
@@ -476,7 +482,7 @@ def _run_ranks_in_own_folder(config: Config) -> int:
     if config.nnodes == 1:
         os.environ[STORE_FILE_VARIABLE] = os.path.join(folder, "store")
     try:
-        return _run_ranks(config, Path(folder))
+        return _run_ranks(config, Path(folder), program)
     finally:
         os.environ.pop(STORE_FILE_VARIABLE, None)
         shutil.rmtree(folder, ignore_errors=True)
@@ -490,7 +496,7 @@ def process_context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def _run_ranks(config: Config, folder: Path) -> int:
+def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
     context = process_context()
     # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
     beats = context.RawArray("d", config.nproc_per_node)
@@ -498,7 +504,7 @@ def _run_ranks(config: Config, folder: Path) -> int:
     ranks = [
         context.Process(
             target=_spawned_rank,
-            args=(slot, config, beats, str(reports[slot]), dict(os.environ), START_METHOD),
+            args=(slot, config, beats, str(reports[slot]), dict(os.environ), START_METHOD, program),
             name=f"rank{slot}",
         )
         for slot in range(config.nproc_per_node)
@@ -535,16 +541,16 @@ def _run_ranks(config: Config, folder: Path) -> int:
         print(f"stopped on {asked_by} with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)
         return code
     if failure and failure["refused"]:
-        print(f"error: {failure['message']}", file=sys.stderr, flush=True)
+        print(wrapped(f"error: {failure['message']}"), file=sys.stderr, flush=True)
         return REFUSED
     if failure:
         reason = [line for line in failure["message"].splitlines() if line.strip()][-1]
         logs = Path(config.output_dir) / "logs"
-        details = f" (details: {logs / 'rank*.log'})" if logs.is_dir() else ""  # only where logs were written
+        details = f" (details: {shown_path(logs / 'rank*.log')})" if logs.is_dir() else ""  # where logs were written
         cause = f"{_describe(silent)}, and " if silent else ""
         if not details:  # no log of this run holds the traceback: it goes here
             print(failure["message"].rstrip(), file=sys.stderr, flush=True)
-        print(f"error: {cause}rank {slot} failed: {reason}{details}", file=sys.stderr, flush=True)
+        print(wrapped(f"error: {cause}rank {slot} failed: {reason}{details}"), file=sys.stderr, flush=True)
         return 1
     if _stop_signal:  # asked to stop before the ranks could save (still starting)
         print(
