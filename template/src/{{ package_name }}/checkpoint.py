@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import pickle
 import re
 import struct
 import zipfile
@@ -136,6 +137,8 @@ def load(path: Path, training_state: bool = True) -> dict:
             raise CheckpointError(f"checkpoint not found: {path}") from None
         except Exception as error:  # torch raises several types for damaged files
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            if isinstance(error, pickle.UnpicklingError):  # torch's advice to load with weights_only=False runs
+                first_line = "not a torch.save file of tensors and plain values"  # any code in the file: never here
             raise CheckpointError(
                 f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
             ) from None
