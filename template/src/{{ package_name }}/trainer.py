@@ -164,7 +164,7 @@ class Trainer:
         self.resumed = False  # marks the first epoch after a resume in metrics.csv (and the plot)
         self.crash_at = faults.crash_step(info.rank)
         # The recipe's optional functions; without them, (inputs, targets) batches with loss and metric.
-        self.step = self.custom_step if hasattr(recipe, "training_step") else self.pair_step
+        self.custom_steps = hasattr(recipe, "training_step")  # a flag, not a bound method: no cycle keeps self alive
         self.validation_step = getattr(recipe, "validation_step", None)
         self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         self.grad_norms: list[torch.Tensor] = []  # this epoch's, before clipping (max_grad_norm > 0)
@@ -332,11 +332,11 @@ class Trainer:
     def run_step(self, batches, totals: Totals) -> None:
         """One optimizer step over accumulate_steps micro-batches; gradients are all-reduced on the last only."""
         self.optimizer.zero_grad(set_to_none=True)
-        parts = self.config.accumulate_steps
+        parts, step = self.config.accumulate_steps, self.custom_step if self.custom_steps else self.pair_step
         for micro in range(parts):
             with contextlib.nullcontext() if micro == parts - 1 else self.model.no_sync():
                 with self.autocast():
-                    loss, logged, sums, samples = self.step(self.model, next(batches))
+                    loss, logged, sums, samples = step(self.model, next(batches))
                 self.scaler.scale(loss if parts == 1 else loss / parts).backward()
             totals.add(samples, {"loss": loss, **logged}, sums)
         if self.config.max_grad_norm:
@@ -352,12 +352,13 @@ class Trainer:
         """This rank's share of the validation set, every sample exactly once over all ranks."""
         module = self.model.module  # no collectives: ranks may hold one sample more or less
         module.eval()
+        step = self.custom_step if self.custom_steps else self.pair_step
         for batch in self.val_data:
             with self.autocast():
                 if self.validation_step is not None:
                     totals.add(samples_in(batch), {}, self.validation_step(module, self.on_devices(batch)))
                 else:
-                    loss, logged, sums, samples = self.step(module, batch)
+                    loss, logged, sums, samples = step(module, batch)
                     totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
 
@@ -446,7 +447,7 @@ class Trainer:
         value, epoch = self.best
         return (
             f"stopped early after epoch {self.epoch}: {self.config.best_metric} has not improved for {patience} "
-            f"epoch(s) since epoch {epoch} ({value}); best.pt holds epoch {epoch}, model.pt epoch {self.epoch}"
+            f"epoch(s)\nbest.pt holds epoch {epoch} ({self.config.best_metric} {value}), model.pt epoch {self.epoch}"
         )
 
     def stopped_at(self, signum: int) -> str:
