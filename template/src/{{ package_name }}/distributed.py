@@ -30,6 +30,7 @@ import gc
 import json
 import logging
 import multiprocessing.connection
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -345,8 +346,11 @@ def _spawned_rank(
 def exit_now(status: int) -> None:
     """Leave without the interpreter's teardown of torch (about a second per process), once all is written.
 
-    Everything a run keeps was fsynced when it was saved; logs and the console are flushed here.
+    Everything a run keeps was fsynced when it was saved; logs and the console are flushed here. What
+    multiprocessing does at the end of every process it started runs here too: it stops the DataLoader
+    workers and releases their queues' semaphores, which the resource tracker would otherwise report leaked.
     """
+    multiprocessing.util._exit_function()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
