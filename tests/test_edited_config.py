@@ -60,7 +60,9 @@ def test_every_value_of_configs_train_toml_edited_and_the_default_tier_still_pas
     shutil.copy(package / "recipe.py", package / "my_recipe.py")
     config = project / "configs" / "train.toml"
     text = config.read_text(encoding="utf-8")
-    assert {key for key, _ in SETTING.findall(text)} == EDITS.keys() | NO_ALTERNATIVE  # a new setting needs a value here
+    assert {
+        key for key, _ in SETTING.findall(text)
+    } == EDITS.keys() | NO_ALTERNATIVE  # a new setting needs a value here
     edited = SETTING.sub(lambda found: f"{found[1]} = {EDITS.get(found[1], found[2])}", text)
     assert {key: value for key, value in SETTING.findall(edited) if key in EDITS} == EDITS
     config.write_text(edited, encoding="utf-8")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import pickle
 import re
 import struct
 import zipfile
@@ -136,6 +137,8 @@ def load(path: Path, training_state: bool = True) -> dict:
             raise CheckpointError(f"checkpoint not found: {path}") from None
         except Exception as error:  # torch raises several types for damaged files
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            if isinstance(error, pickle.UnpicklingError):  # torch's advice to load with weights_only=False runs
+                first_line = "not a torch.save file of tensors and plain values"  # any code in the file: never here
             raise CheckpointError(
                 f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
             ) from None
@@ -152,6 +155,29 @@ def load(path: Path, training_state: bool = True) -> dict:
         raise CheckpointError(f"checkpoint {path} does not hold {what}")
     state.pop(EARLIER_CHECKSUM, None)
     return state
+
+
+def saved_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """The shape of every model tensor in a checkpoint, read without reading the tensors (None: it does not load).
+
+    The file is mapped, not read, and unmapped before this returns (a mapped file could not be renamed on Windows).
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return {name: tuple(tensor.shape) for name, tensor in state["model"].items()}
+    except Exception:  # damaged or not a checkpoint: load_newest_good reports it and sets it aside
+        return None
+
+
+def misfit(model: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]]) -> str | None:
+    """The first tensor in which a checkpoint's model (name -> shape) differs from the model's, described."""
+    for name, shape in model.items():
+        if name not in saved:
+            return f"{name} {list(shape)} is in the model but not in the checkpoint"
+        if saved[name] != shape:
+            return f"{name} is {list(saved[name])} in the checkpoint and {list(shape)} in the model"
+    extra = next((name for name in saved if name not in model), None)
+    return f"{extra} {list(saved[extra])} is in the checkpoint but not in the model" if extra else None
 
 
 def set_aside(path: Path) -> Path:

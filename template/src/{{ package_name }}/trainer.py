@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch.distributed as dist
 
 from . import checkpoint, faults, records, rng, scalars
 from .config import Config
-from .distributed import LaunchError, RankInfo, devices_for, restart_count
+from .distributed import STOP_SIGNALS, LaunchError, RankInfo, devices_for, restart_count
 from .loaders import map_tensors, samples_in, to_device
 from .logs import epoch_line, progress_bar, show_epoch, shown_path, start_lines
 
@@ -28,20 +27,30 @@ class NonFiniteLoss(RuntimeError):
     """The loss turned NaN or infinite; nothing after the last good checkpoint was saved."""
 
 
-# SIGUSR1 asks for a clean stop: Slurm sends it before a time limit or a preemption (--signal=USR1@90).
-# The ranks agree every STOP_CHECK_EVERY steps, save a checkpoint and exit with STOPPED.
-CAN_REQUEST_A_STOP = hasattr(signal, "SIGUSR1")  # POSIX only; Windows has no such signal
-STOP_REQUESTED = threading.Event()
+# A STOP_SIGNALS signal asks for a clean stop: Slurm's SIGUSR1 before a time limit or a preemption
+# (--signal=USR1@90), SIGTERM from docker stop, Kubernetes or a process manager, Ctrl+Break on Windows.
+# The ranks agree every STOP_CHECK_EVERY steps and at each epoch's end, save a checkpoint and exit with
+# STOPPED (SIGUSR1) or TERMINATED (the others).
 STOP_CHECK_EVERY = 16
+_stop_signal = 0  # the signal this rank received (0: none)
 
 
 class StopRequested(Exception):
-    """Every rank stopped on SIGUSR1 after saving a checkpoint."""
+    """Every rank stopped on a stop signal after saving a checkpoint."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+def _request_a_stop(signum, frame) -> None:
+    global _stop_signal
+    _stop_signal = max(_stop_signal, signum)
 
 
 def listen_for_stop_requests() -> None:
-    if CAN_REQUEST_A_STOP:
-        signal.signal(signal.SIGUSR1, lambda signum, frame: STOP_REQUESTED.set())
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _request_a_stop)
 
 
 class Totals:
@@ -268,13 +277,11 @@ class Trainer:
         self.stop_if_not_finite(so_far.item())
         self.save()
 
-    def stop_agreed(self) -> bool:
-        """Whether any rank got SIGUSR1: all ranks must stop at the same step (one tiny all-reduce)."""
-        if not CAN_REQUEST_A_STOP:
-            return False
-        flag = torch.tensor([float(STOP_REQUESTED.is_set())], device=self.devices[-1])
+    def stop_agreed(self) -> int:
+        """The stop signal any rank got (0: none): all ranks must stop at the same step (one tiny all-reduce)."""
+        flag = torch.tensor([float(_stop_signal)], device=self.devices[-1])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return int(flag.item())
 
     def stop_if_not_finite(self, loss_sum: float) -> None:
         """Given the loss summed over all ranks: a NaN or inf on any rank made it NaN or inf."""
@@ -381,9 +388,9 @@ class Trainer:
                 break  # the epoch's end saves and checks for a stop: a checkpoint never ends an epoch half-done
             if self.config.checkpoint_every and self.global_step % self.config.checkpoint_every == 0:
                 self.save_mid_epoch(training)
-            if self.global_step % STOP_CHECK_EVERY == 0 and self.stop_agreed():
+            if self.global_step % STOP_CHECK_EVERY == 0 and (stop := self.stop_agreed()):
                 self.save_mid_epoch(training)
-                raise StopRequested(self.stopped_at())
+                raise StopRequested(self.stopped_at(stop), stop)
         seconds = time.perf_counter() - started
         self.validate(validation)
         (trained, seen), (validated, val_seen) = all_reduced([training, validation])  # one all-reduce for both
@@ -399,7 +406,7 @@ class Trainer:
         if self.info.rank == 0:
             self.record_epoch(row, progress, improved)
         if stop:
-            raise StopRequested(self.stopped_at())
+            raise StopRequested(self.stopped_at(stop), stop)
 
     def epoch_row(self, trained: dict, seen: float, validated: dict, val_seen: float, seconds: float) -> dict:
         """The epoch's metrics.csv row: training means, validation metrics, lr, grad_norm, speed."""
@@ -442,10 +449,12 @@ class Trainer:
             f"epoch(s)\nbest.pt holds epoch {epoch} ({self.config.best_metric} {value}), model.pt epoch {self.epoch}"
         )
 
-    def stopped_at(self) -> str:
+    def stopped_at(self, signum: int) -> str:
+        name = signal.Signals(signum).name
+        why = "a time limit or preemption is near" if name == "SIGUSR1" else "asked to stop"
         return (
-            f"stopped at step {self.global_step} on SIGUSR1 (a time limit or preemption is near); the checkpoint "
-            "is saved, and --resume auto continues from it"
+            f"stopped at step {self.global_step} on {name} ({why}); the checkpoint is saved, and --resume auto "
+            "continues from it"
         )
 
     def record_epoch(self, row: dict, progress, improved: bool) -> None:
