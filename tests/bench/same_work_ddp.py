@@ -58,6 +58,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
         dist.all_reduce(sums)
     if rank == 0:
         print(f"steps-per-s {statistics.median(rates[1:]):.3f}", flush=True)
+    dist.barrier()  # no rank tears gloo down while another still talks to it (a rank aborted once without it)
     dist.destroy_process_group()
 
 
