@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import pickle
 import re
 import struct
 import zipfile
@@ -165,8 +166,9 @@ def prune(output_dir: str | Path, run_id: str, keep: int) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def load(path: Path) -> dict:
-    """The training state in `path`, after its CRC-32s are checked (in a second thread, beside torch.load)."""
+def load(path: Path, training_state: bool = True) -> dict:
+    """A checkpoint's contents after its CRC-32s are checked (in a second thread, beside torch.load);
+    training_state=False also takes best.pt and model.pt (weights only)."""
     with ThreadPoolExecutor(1) as pool:
         checked = pool.submit(checksum_mismatch, path)
         try:
@@ -175,6 +177,8 @@ def load(path: Path) -> dict:
             raise CheckpointError(f"checkpoint not found: {path}") from None
         except Exception as error:  # torch raises several types for damaged files
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            if isinstance(error, pickle.UnpicklingError):  # torch's advice to load with weights_only=False runs
+                first_line = "not a torch.save file of tensors and plain values"  # any code in the file: never here
             raise CheckpointError(
                 f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
             ) from None
@@ -184,10 +188,34 @@ def load(path: Path) -> dict:
             raise CheckpointError(f"checkpoint {path} is damaged ({type(error).__name__}: {error})") from None
     if mismatch:
         raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match {mismatch})")
-    if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
-        raise CheckpointError(f"checkpoint {path} does not hold a training state (no model or global_step)")
+    if not isinstance(state, dict) or "model" not in state or (training_state and "global_step" not in state):
+        what = "a training state (no model or global_step)" if training_state else "a model (no 'model' entry)"
+        raise CheckpointError(f"checkpoint {path} does not hold {what}")
     state.pop(EARLIER_CHECKSUM, None)
     return state
+
+
+def saved_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """The shape of every model tensor in a checkpoint, read without reading the tensors (None: it does not load).
+
+    The file is mapped, not read, and unmapped before this returns (a mapped file could not be renamed on Windows).
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return {name: tuple(tensor.shape) for name, tensor in state["model"].items()}
+    except Exception:  # damaged or not a checkpoint: load_newest_good reports it and sets it aside
+        return None
+
+
+def misfit(model: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]]) -> str | None:
+    """The first tensor in which a checkpoint's model (name -> shape) differs from the model's, described."""
+    for name, shape in model.items():
+        if name not in saved:
+            return f"{name} {list(shape)} is in the model but not in the checkpoint"
+        if saved[name] != shape:
+            return f"{name} is {list(saved[name])} in the checkpoint and {list(shape)} in the model"
+    extra = next((name for name in saved if name not in model), None)
+    return f"{extra} {list(saved[extra])} is in the checkpoint but not in the model" if extra else None
 
 
 def set_aside(path: Path) -> Path:
