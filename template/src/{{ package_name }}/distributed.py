@@ -295,7 +295,8 @@ def rank_program(program: str = "run_rank"):
 
     torch and the engine live as long as the rank; frozen, they are never walked by its later collections, the
     first of which run while DDP's constructor imports torch._dynamo, which makes those imports cheaper in a
-    spawned, torchrun or Slurm rank; a fork server's child finds torch frozen already. Only here, never in the launcher: rank.py imports torch; the recipe comes later.
+    spawned, torchrun or Slurm rank; a fork server's child finds torch frozen already. Only here, never in the
+    launcher: rank.py imports torch; the recipe comes later.
     """
     collecting = gc.isenabled()
     gc.disable()
