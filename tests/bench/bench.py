@@ -3,7 +3,8 @@
     python tests/bench/bench.py --project RENDERED_DEFAULT_PROJECT [--reps 3]
 
 Run through `nox -s bench`, which renders the default project and installs it first. Writes
-.bench/results.json, .bench/results.md, and the table section of docs/performance.md.
+.bench/results.json, .bench/results.md, and the two tables of docs/performance.md (`--only checkpoints`:
+the checkpoint table alone, from tests/bench/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -144,6 +145,44 @@ def save_s(project: Path, state: dict, folder: Path, durable: bool) -> float:
     return time.perf_counter() - started
 
 
+# -- 6. checkpoints at scale: tests/bench/checkpoints.py --------------------------------------------------------
+CHECKPOINT_SIZES_MB = (4, 64, 512)
+CHECKPOINT_MARKERS = ("<!-- bench:checkpoints:start -->", "<!-- bench:checkpoints:end -->")
+
+
+def checkpoint_scaling(project: Path, reps: int) -> dict:
+    """save_atomic and load against plain torch, per state size, in a process of their own (it needs ~2 GB)."""
+    (ROOT / ".bench").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=ROOT / ".bench") as scratch:  # the disk the project lives on
+        output = run([sys.executable, str(HERE / "checkpoints.py"), "--package", package_of(project), "--folder",
+                      scratch, "--reps", str(reps), "--sizes-mb", *map(str, CHECKPOINT_SIZES_MB)])  # fmt: skip
+    return json.loads(output)["sizes"]
+
+
+def checkpoint_markdown(sizes: dict) -> str:
+    lines = [
+        "| state | `save_atomic` | `torch.save` + fsync | save ratio | `load` | `torch.load` | load ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for megabytes, result in sizes.items():
+        m = result["medians"]
+        lines.append(
+            f"| {megabytes} MB ({result['reps']} saves and loads each) | {m['save_atomic'] * 1e3:.1f} ms | "
+            f"{m['torch.save + fsync'] * 1e3:.1f} ms | {result['save ratio']:.2f} | {m['load'] * 1e3:.1f} ms | "
+            f"{m['torch.load'] * 1e3:.1f} ms | {result['load ratio']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_docs_section(markers: tuple[str, str], text: str) -> None:
+    """Replace what lies between the two markers in docs/performance.md (nothing, if the page lacks them)."""
+    page = ROOT / "docs" / "performance.md"
+    start, end = markers
+    content = page.read_text(encoding="utf-8")
+    if start in content and end in content:
+        page.write_text(content.split(start)[0] + start + "\n" + text + end + content.split(end)[1], encoding="utf-8")
+
+
 # -- 4. render cost ----------------------------------------------------------------------------------
 def trivial_template(folder: Path) -> Path:
     folder.mkdir()
@@ -189,9 +228,15 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--ci-cold-s", type=float, help="wall time of a cold `nox` run, measured separately")
     parser.add_argument("--ci-warm-s", type=float, help="wall time of a warm `nox -R` run, measured separately")
+    parser.add_argument("--only", choices=["checkpoints"], help="run one section and update only its table")
     args = parser.parse_args()
     project = args.project.resolve()
     reps = args.reps
+    checkpoints = checkpoint_markdown(checkpoint_scaling(project, reps))
+    write_docs_section(CHECKPOINT_MARKERS, checkpoints)
+    print(checkpoints)
+    if args.only == "checkpoints":
+        return 0
 
     throughput = interleaved(reps, {"rendered": lambda: rendered_steps_per_s(project), "bare": bare_steps_per_s,
                                     "same work": lambda: same_work_steps_per_s(project),
