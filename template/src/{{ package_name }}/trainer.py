@@ -48,8 +48,8 @@ def _request_a_stop(signum, frame) -> None:
     _stop_signal = max(_stop_signal, signum)
 
 
-def listen_for_stop_requests() -> None:
-    for signum in STOP_SIGNALS:
+def listen_for_stop_requests(signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    for signum in signals:
         signal.signal(signum, _request_a_stop)
 
 
