@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,13 @@ import torch
 from render import render
 from wheel_index import WheelIndex
 
-# What the project installs, fetched once from where this machine's pip finds it (a local folder here).
-NEEDED = [f"torch=={torch.__version__}", "numpy", "tqdm", "pytest>=7", "filelock", "setuptools>=64"]
+
+def needed(tmp_path: Path) -> list[str]:
+    """What the project installs (its dependencies and test extra, as rendered), torch at this build."""
+    render(tmp_path / "read", {"target_os": "linux"})
+    project = tomllib.loads((tmp_path / "read" / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["test"], "setuptools>=64"]
+    return [f"torch=={torch.__version__}", *(spec for spec in wanted if not spec.startswith("torch"))]
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +34,10 @@ def local_mirror(tmp_path_factory):
     if "+cpu" not in torch.__version__ or sys.platform == "win32":
         pytest.skip("the venv path is run with a +cpu torch build, in bash")
     folder = tmp_path_factory.mktemp("wheels")
+    # Fetched once from where this machine's pip finds them (a local folder here).
+    wanted = needed(tmp_path_factory.mktemp("project"))
     fetched = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder), *NEEDED],
+        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder), *wanted],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     if fetched.returncode != 0:
