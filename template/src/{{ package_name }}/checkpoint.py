@@ -1,27 +1,51 @@
-"""Checkpoints that survive Windows file semantics and interrupted writes.
+"""Checkpoints that survive Windows file semantics, interrupted writes and flipped bits.
 
 Only rank 0 writes, through files.write_durably (temporary file, fsync,
 os.replace, fsync of the folder), so a crash or a power cut mid-save leaves
-the previous checkpoint intact. Loading uses
-weights_only=True: a checkpoint holds only tensors and plain Python values.
-Each file carries a SHA-256 of its contents, checked on load, so a flipped
-byte is caught instead of trained on. Each name carries the run's identity
-(step-00000016-<run id>.pt): a run lists, resumes from and prunes only its own.
+the previous checkpoint intact. A checkpoint is the zip archive torch.save
+writes, holding only tensors and plain Python values, so
+torch.load(path, weights_only=True) reads it. Its archive comment holds a
+CRC-32 of the whole archive, summed as the bytes stream to the file (in place
+of torch's CRC-32 of each record, which torch.load never checks) and checked
+on load in a second thread beside torch.load, so a flipped byte or a cut file
+is caught instead of trained on, for about what torch.save and torch.load
+cost alone. Each name carries the run's identity (step-00000016-<run id>.pt):
+a run lists, resumes from and prunes only its own.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import mmap
 import os
+import pickle
 import re
+import struct
+import zipfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
 from .files import write_durably
 
+try:
+    from torch.utils.serialization import config as serialization_config
+except ImportError:  # torch < 2.6
+    serialization_config = None
+
 _NAME = re.compile(r"^step-(\d{8})-([0-9a-f]{8})\.pt$")
-CHECKSUM = "sha256"
+# The archive comment: the CRC-32 of the archive as torch.save wrote it (ending in a comment length of 0).
+_TRAILER = re.compile(rb"crc32=([0-9a-f]{8})\Z")
+_TRAILER_SIZE = len(b"crc32=00000000")
+_END_OF_ARCHIVE = struct.Struct("<4s16xH")  # the zip's last record: signature ... comment length
+_NO_COMMENT = b"\0\0"
+# Checkpoints of earlier versions carry a SHA-256 of their values under this key, and no archive comment:
+# the CRC-32 that torch.save keeps for each record covers the same bytes.
+EARLIER_CHECKSUM = "sha256"
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, the fixed fields, then the name and extra-field lengths
 
 
 class CheckpointError(RuntimeError):
@@ -36,30 +60,82 @@ def path_for(output_dir: str | Path, global_step: int, run_id: str) -> Path:
     return directory(output_dir) / f"step-{global_step:08d}-{run_id}.pt"
 
 
-def fingerprint(value, digest=None) -> str:
-    """SHA-256 over every tensor's bytes and every plain value, in a fixed order."""
-    digest = digest or hashlib.sha256()
-    if isinstance(value, dict):
-        for key in sorted(value, key=str):
-            if key != CHECKSUM:
-                digest.update(repr(key).encode())
-                fingerprint(value[key], digest)
-    elif isinstance(value, (list, tuple)):
-        digest.update(f"[{len(value)}".encode())
-        for item in value:
-            fingerprint(item, digest)
-    elif isinstance(value, torch.Tensor):
-        flat = value.detach().cpu().contiguous().reshape(-1)
-        digest.update(f"{flat.dtype}{tuple(value.shape)}".encode())
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
-    else:
-        digest.update(repr(value).encode())
-    return digest.hexdigest()
+class _SummingWriter:
+    """What torch.save writes into: each buffer goes on to the file and into a running CRC-32 of the archive."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle, self.crc, self.tail = handle, 0, b""
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.tail = (self.tail + bytes(data[-_END_OF_ARCHIVE.size :]))[-_END_OF_ARCHIVE.size :]
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+@contextlib.contextmanager
+def _without_record_crc32s():
+    """torch.save's own CRC-32 of each record is left out (0): the archive's CRC-32 covers every byte of it."""
+    if serialization_config is None:  # torch < 2.6 always computes them
+        yield
+        return
+    before, serialization_config.save.compute_crc32 = serialization_config.save.compute_crc32, False
+    try:
+        yield
+    finally:
+        serialization_config.save.compute_crc32 = before
+
+
+def _write_summed(state: dict, handle: BinaryIO) -> None:
+    writer = _SummingWriter(handle)
+    with _without_record_crc32s():
+        torch.save(state, writer)
+    signature, comment_length = _END_OF_ARCHIVE.unpack(writer.tail)
+    if signature == b"PK\x05\x06" and comment_length == 0:  # always so for torch.save; else load checks records
+        handle.seek(-len(_NO_COMMENT), os.SEEK_CUR)
+        handle.write(struct.pack("<H", _TRAILER_SIZE) + b"crc32=%08x" % writer.crc)
 
 
 def save_atomic(state: dict, path: Path) -> None:
-    state = {**state, CHECKSUM: fingerprint(state)}
-    write_durably(path, lambda handle: torch.save(state, handle))
+    write_durably(path, lambda handle: _write_summed(state, handle))
+
+
+def checksum_mismatch(path: Path) -> str:
+    """What in `path` does not match its CRC-32s ("" when everything does).
+
+    A file with the archive comment is summed in one call over the mapped file, which holds no lock that
+    torch.load needs; an earlier version's file is checked record by record against torch.save's own CRC-32s.
+    Raises zipfile.BadZipFile, ValueError or struct.error for a file that is not a whole archive.
+    """
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with memoryview(mapped) as view:
+            trailer = _TRAILER.search(view[-_TRAILER_SIZE:].tobytes())
+            if trailer:
+                summed_end = len(view) - _TRAILER_SIZE - len(_NO_COMMENT)
+                with view[:summed_end] as archive:
+                    crc = zlib.crc32(_NO_COMMENT, zlib.crc32(archive))
+                return "" if crc == int(trailer.group(1), 16) else "their CRC-32 checksum"
+            signature, comment_length = _END_OF_ARCHIVE.unpack(view[-_END_OF_ARCHIVE.size :])
+            if signature != b"PK\x05\x06" or comment_length != 0:
+                return "the end of a torch.save archive (the file is cut short)"
+            return _records_mismatch(handle, mapped, view)
+
+
+def _records_mismatch(handle: BinaryIO, mapped: mmap.mmap, view: memoryview) -> str:
+    with zipfile.ZipFile(handle) as archive:
+        records = archive.infolist()
+    if all(record.CRC == 0 for record in records):
+        return ""  # saved with torch's CRC-32s off and no archive comment: nothing to check against
+    damaged = []
+    for record in records:
+        signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(mapped, record.header_offset)
+        start = record.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+        with view[start : start + record.compress_size] as data:
+            if signature != b"PK\x03\x04" or len(data) != record.compress_size or zlib.crc32(data) != record.CRC:
+                damaged.append(record.filename)
+    return f"their CRC-32 checksums: {', '.join(damaged)}" if damaged else ""
 
 
 def existing(output_dir: str | Path, run_id: str | None) -> list[Path]:
@@ -90,20 +166,32 @@ def prune(output_dir: str | Path, run_id: str, keep: int) -> None:
         leftover.unlink(missing_ok=True)
 
 
-def load(path: Path) -> dict:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint not found: {path}") from None
-    except Exception as error:  # torch raises several types for damaged files
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise CheckpointError(
-            f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
-        ) from None
-    if not isinstance(state, dict) or "model" not in state or "global_step" not in state:
-        raise CheckpointError(f"checkpoint {path} does not hold a training state (no model or global_step)")
-    if CHECKSUM in state and state[CHECKSUM] != fingerprint(state):
-        raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match its {CHECKSUM} checksum)")
+def load(path: Path, training_state: bool = True) -> dict:
+    """A checkpoint's contents after its CRC-32s are checked (in a second thread, beside torch.load);
+    training_state=False also takes best.pt and model.pt (weights only)."""
+    with ThreadPoolExecutor(1) as pool:
+        checked = pool.submit(checksum_mismatch, path)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint not found: {path}") from None
+        except Exception as error:  # torch raises several types for damaged files
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            if isinstance(error, pickle.UnpicklingError):  # torch's advice to load with weights_only=False runs
+                first_line = "not a torch.save file of tensors and plain values"  # any code in the file: never here
+            raise CheckpointError(
+                f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
+            ) from None
+        try:
+            mismatch = checked.result()
+        except (OSError, ValueError, struct.error, zipfile.BadZipFile) as error:
+            raise CheckpointError(f"checkpoint {path} is damaged ({type(error).__name__}: {error})") from None
+    if mismatch:
+        raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match {mismatch})")
+    if not isinstance(state, dict) or "model" not in state or (training_state and "global_step" not in state):
+        what = "a training state (no model or global_step)" if training_state else "a model (no 'model' entry)"
+        raise CheckpointError(f"checkpoint {path} does not hold {what}")
+    state.pop(EARLIER_CHECKSUM, None)
     return state
 
 

@@ -7,7 +7,12 @@ the recipe or a checkpoint runs here, first thing, on the spawn, torchrun and Sl
 from __future__ import annotations
 
 import importlib
+import inspect
+import json
+import logging
 import os
+import signal
+import traceback
 from pathlib import Path
 
 import torch
@@ -16,7 +21,9 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint, loaders, records, rng
 from .config import Config
 from .distributed import (
+    STOP_SIGNALS,
     STOPPED,
+    TERMINATED,
     LaunchError,
     RankInfo,
     check_backend,
@@ -27,8 +34,82 @@ from .distributed import (
     init_process_group,
     under_torchrun,
 )
+from .files import write_text_durably
 from .logs import rank_logger
 from .trainer import StopRequested, Trainer, listen_for_stop_requests
+
+# What the engine calls, with the arguments it passes. A recipe defines training_step, or loss, metric and METRIC.
+RECIPE_FUNCTIONS = {
+    "datasets": ("config",),
+    "model": ("config", "devices"),
+    "optimizer": ("model", "config"),
+    "schedule": ("optimizer", "config", "total_steps"),
+    "loss": ("outputs", "targets"),
+    "metric": ("outputs", "targets"),
+    "training_step": ("model", "batch"),
+    "validation_step": ("model", "batch"),
+    "metrics": ("sums",),
+    "test_dataset": ("config",),
+}
+REQUIRED = ("datasets", "model", "optimizer", "schedule")
+
+
+def where(error: BaseException) -> str:
+    """file:line of the code that raised `error` (the innermost frame outside Python's import machinery)."""
+    if isinstance(error, SyntaxError) and error.filename:
+        code = f" ({error.text.strip()})" if error.text and error.text.strip() else ""
+        return f"{error.filename}:{error.lineno}: {type(error).__name__}: {error.msg}{code}"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+    message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    if not frames:
+        return message
+    code = f" ({frames[-1].line})" if frames[-1].line else ""
+    return f"{frames[-1].filename}:{frames[-1].lineno}: {message}{code}"
+
+
+def load_recipe(name: str):
+    """Import the recipe and check what the engine will call, before any rank meets another or trains.
+
+    LaunchError names the file and line: of the code that failed to import, or of a function the engine
+    cannot call with its arguments.
+    """
+    try:
+        recipe = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name and (name == error.name or name.startswith(error.name + ".")):
+            raise LaunchError(
+                f"recipe {name!r} not found (no module named {error.name!r}); set recipe in configs/train.toml "
+                f"to an importable module, such as {__package__}.recipe"
+            ) from None
+        raise LaunchError(f"recipe {name} cannot be imported: {where(error)}") from None
+    except Exception as error:  # whatever the recipe's own code raised while it was imported
+        raise LaunchError(f"recipe {name} cannot be imported: {where(error)}") from None
+    source = getattr(recipe, "__file__", name)
+    needed = [*REQUIRED, *(() if hasattr(recipe, "training_step") else ("loss", "metric"))]
+    missing = [function for function in needed if not callable(getattr(recipe, function, None))]
+    if not hasattr(recipe, "training_step") and not isinstance(getattr(recipe, "METRIC", None), str):
+        missing.append("METRIC (the metric's name, a string)")
+    if missing:
+        raise LaunchError(
+            f"recipe {name} ({source}) has no {', '.join(missing)}: define {'them' if len(missing) > 1 else 'it'} "
+            f"as {__package__}/recipe.py does (training_step(model, batch) can stand in for loss, metric and METRIC)"
+        )
+    for function, arguments in RECIPE_FUNCTIONS.items():
+        defined = getattr(recipe, function, None)
+        if not callable(defined):
+            continue
+        try:
+            inspect.signature(defined).bind(*arguments)
+        except TypeError as error:
+            code = getattr(defined, "__code__", None)
+            line = f"{code.co_filename}:{code.co_firstlineno}" if code else source
+            raise LaunchError(
+                f"{line}: the recipe's {function}{inspect.signature(defined)} cannot be called as "
+                f"{function}({', '.join(arguments)}), which the engine does ({error})"
+            ) from None
+        except ValueError:
+            continue  # no signature to check (a builtin)
+    return recipe
 
 
 def refusal(config: Config, info: RankInfo) -> str | None:
@@ -39,8 +120,11 @@ def refusal(config: Config, info: RankInfo) -> str | None:
     and write nothing until then), so a big checkpoint is read once and --overwrite deletes once.
     """
     check_backend(config)
-    metric = importlib.import_module(config.recipe).METRIC
-    if config.best_metric not in ("val_loss", f"val_{metric}", "loss", metric):
+    recipe = load_recipe(config.recipe)
+    metric = getattr(recipe, "METRIC", None)
+    # A recipe with functions of its own names its columns itself: checked against its first epoch's row.
+    own_columns = any(hasattr(recipe, name) for name in ("training_step", "validation_step", "metrics"))
+    if not own_columns and config.best_metric not in ("val_loss", f"val_{metric}", "loss", metric):
         return f"best_metric {config.best_metric!r} is not a metrics.csv column; use val_loss or val_{metric}"
     if info.rank != 0:
         return None
@@ -86,11 +170,21 @@ def unfit_checkpoint(config: Config, info: RankInfo) -> str | None:
     )
 
 
-def build_trainer(config: Config, info: RankInfo, log) -> Trainer:
-    """The recipe builds the objects; the engine wraps the model and makes the loaders."""
+def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Trainer:
+    """The recipe builds the objects; the engine wraps the model and makes the loaders (validation: `split`)."""
     recipe = importlib.import_module(config.recipe)
     devices = devices_for(config, info.local_rank)
     train_set, val_set = recipe.datasets(config)
+    if split == "test":
+        val_set = recipe.test_dataset(config)
+    if has_no_samples(val_set):
+        raise LaunchError(
+            f"the test set is empty: test_dataset() in {recipe.__file__} returned no samples; return the held-out "
+            "test split from it"
+            if split == "test"
+            else f"the validation set is empty: datasets() in {recipe.__file__} returned no validation samples; "
+            "return a held-out split as its second value (val_loss, the metric's val_ column and best.pt come from it)"
+        )
     torch.manual_seed(config.seed)  # same initial weights on every rank
     model = recipe.model(config, devices)
     rng.seed_everything(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
@@ -102,6 +196,62 @@ def build_trainer(config: Config, info: RankInfo, log) -> Trainer:
     train_data = loaders.training_loader(train_set, config.micro_batch, *where)
     val_data = loaders.validation_loader(val_set, config.micro_batch * config.accumulate_steps, *where)
     return Trainer(wrapped, train_data, val_data, recipe.optimizer(model, config), recipe, config, info, log)
+
+
+def has_no_samples(dataset) -> bool:
+    try:
+        return len(dataset) == 0
+    except TypeError:  # an IterableDataset has no length: nothing to check before it runs
+        return False
+
+
+def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: str, result_path: str) -> int:
+    """One rank of `python -m <package>.evaluate`: the checkpoint's weights scored on this rank's share of `split`.
+
+    Nothing is trained and nothing written but the result, which rank 0 writes as JSON.
+    """
+    die_with_the_launcher()
+    if not under_torchrun():
+        ignore_interrupts_in_children()
+    check_backend(config)
+    recipe = load_recipe(config.recipe)
+    if split == "test" and not hasattr(recipe, "test_dataset"):
+        raise LaunchError(
+            f"--split test needs test_dataset(config) in the recipe ({config.recipe}); define it, or use --split val"
+        )
+    try:
+        weights = checkpoint.load(Path(checkpoint_path), training_state=False)["model"]
+    except checkpoint.CheckpointError as error:
+        raise LaunchError(str(error)) from None
+    if config.device == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
+    if config.device == "cuda":
+        torch.cuda.set_device(devices_for(config, info.local_rank)[0])
+    init_process_group(config, info)
+    log = logging.getLogger(f"{__package__}.evaluate")
+    try:
+        trainer = build_trainer(config, info, log, split)
+        try:
+            trainer.model.module.load_state_dict(weights)
+        except RuntimeError as error:
+            raise LaunchError(
+                f"{checkpoint_path} does not fit the recipe's model ({str(error).strip().splitlines()[-1].strip()}); "
+                "evaluate it with the recipe and settings it was trained with"
+            ) from None
+        values = trainer.evaluate()
+        if info.rank == 0:
+            samples = int(values.pop("samples"))
+            result = {
+                "checkpoint": str(checkpoint_path),
+                "split": split,
+                "world_size": info.world_size,
+                "samples": samples,
+                "metrics": {f"{split}_{name}": value for name, value in values.items()},
+            }
+            write_text_durably(Path(result_path), json.dumps(result, indent=2))
+    finally:
+        cleanup()
+    return 0
 
 
 def run_rank(config: Config, info: RankInfo) -> int:
@@ -119,19 +269,24 @@ def run_rank(config: Config, info: RankInfo) -> int:
         torch.use_deterministic_algorithms(True)
     if config.device == "cuda":
         torch.cuda.set_device(devices_for(config, info.local_rank)[0])
-    listen_for_stop_requests()
+    # SIGUSR1 from here on, so an early one cannot end the rank (its default); SIGTERM and Ctrl+Break only once
+    # training is built: before that they end the rank at once, as a rank waiting for its peers must be able to.
+    listen_for_stop_requests(tuple(signum for signum in STOP_SIGNALS if signum == getattr(signal, "SIGUSR1", None)))
     listening = init_process_group(config, info)
     log = rank_logger(Path(config.output_dir), info.rank)  # after the meeting: rank 0 has claimed the folder
     try:
         devices = ", ".join(str(d) for d in devices_for(config, info.local_rank))
         log.info(
             f"rank {info.rank} of {info.world_size} started on {devices} (backend {config.backend}, "
-            f"started by {info.started_by}, pid {os.getpid()}); gloo listens on {listening}"
+            f"started by {info.started_by}, pid {os.getpid()})"
         )
-        build_trainer(config, info, log).fit()
+        log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
+        trainer = build_trainer(config, info, log)
+        listen_for_stop_requests()
+        trainer.fit()
     except StopRequested as stop:
         log.info(str(stop))
-        return STOPPED
+        return STOPPED if stop.signum == getattr(signal, "SIGUSR1", None) else TERMINATED
     except Exception:
         log.exception("rank failed")
         raise
