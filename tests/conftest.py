@@ -25,6 +25,8 @@ LONGEST_FIRST = (
     "tests/test_site.py::test_the_linux_path_of_getting_started_runs_as_pasted",
     "tests/test_update.py",
     "tests/test_launchers.py",
+    "tests/test_setup_env.py",  # installs torch into a fresh .venv and trains in it: about 30 s
+    "tests/test_quickstart.py",
 )
 
 

@@ -190,7 +190,7 @@ def test_conflicting_edits_are_reported(versions, tmp_path, mode):
 def test_changed_answers_regenerate_every_dependent_file(versions, tmp_path):
     project = generate(versions, tmp_path / "project", "v1")
     update(project, data={"gpus_per_node": 2, "cuda": "cu126", "nproc_per_node": 2, "master_port": 29700})
-    assert "torch==2.13.0+cu126" in (project / "environment.yml").read_text(encoding="utf-8")
+    assert "torch==2.13.0+cu126" in (project / "requirements.txt").read_text(encoding="utf-8")
     config = (project / "configs" / "train.toml").read_text(encoding="utf-8")
     assert 'device = "cuda"' in config and "master_port = 29700" in config and 'cuda = "cu126"' in config
     for launcher in ("train.bat", "train.ps1", "train.sh"):  # they carry no setting: the config is the one source

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 FEATURES, CLASSES = 6, 4
-TRAINING_SAMPLES, VALIDATION_SAMPLES = 256, 101
+TRAINING_SAMPLES, VALIDATION_SAMPLES, TEST_SAMPLES = 256, 101, 77
 
 
 class Blobs(Dataset):
@@ -47,6 +47,11 @@ class TwoHeads(nn.Module):
 
 def datasets(config):
     return Blobs(TRAINING_SAMPLES, config.seed), Blobs(VALIDATION_SAMPLES, config.seed + 1)
+
+
+def test_dataset(config):
+    """For `evaluate --split test`: data no training run saw."""
+    return Blobs(TEST_SAMPLES, config.seed + 2)
 
 
 def model(config, devices):

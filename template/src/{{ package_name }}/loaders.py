@@ -80,6 +80,8 @@ def tensors_in(batch):
 
 def samples_in(batch) -> int:
     """How many samples the batch holds: the leading dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor) and batch.dim():  # the common case, without walking a structure
+        return len(batch)
     first = next(tensors_in(batch), None)
     if first is None or first.dim() == 0:
         raise TypeError(

@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint, loaders, records, rng
 from .config import Config
 from .distributed import (
+    STOP_SIGNALS,
     STOPPED,
     TERMINATED,
     LaunchError,
@@ -268,7 +269,9 @@ def run_rank(config: Config, info: RankInfo) -> int:
         torch.use_deterministic_algorithms(True)
     if config.device == "cuda":
         torch.cuda.set_device(devices_for(config, info.local_rank)[0])
-    listen_for_stop_requests()
+    # SIGUSR1 from here on, so an early one cannot end the rank (its default); SIGTERM and Ctrl+Break only once
+    # training is built: before that they end the rank at once, as a rank waiting for its peers must be able to.
+    listen_for_stop_requests(tuple(signum for signum in STOP_SIGNALS if signum == getattr(signal, "SIGUSR1", None)))
     listening = init_process_group(config, info)
     log = rank_logger(Path(config.output_dir), info.rank)  # after the meeting: rank 0 has claimed the folder
     try:
@@ -278,7 +281,9 @@ def run_rank(config: Config, info: RankInfo) -> int:
             f"started by {info.started_by}, pid {os.getpid()})"
         )
         log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
-        build_trainer(config, info, log).fit()
+        trainer = build_trainer(config, info, log)
+        listen_for_stop_requests()
+        trainer.fit()
     except StopRequested as stop:
         log.info(str(stop))
         return STOPPED if stop.signum == getattr(signal, "SIGUSR1", None) else TERMINATED

@@ -48,8 +48,8 @@ def _request_a_stop(signum, frame) -> None:
     _stop_signal = max(_stop_signal, signum)
 
 
-def listen_for_stop_requests() -> None:
-    for signum in STOP_SIGNALS:
+def listen_for_stop_requests(signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    for signum in signals:
         signal.signal(signum, _request_a_stop)
 
 
@@ -57,48 +57,46 @@ class Totals:
     """What a recipe reports per batch, summed over batches in fp64, without a device sync per batch.
 
     `means` are the batch's per-sample means (the loss, values a training_step logs): weighted by the batch's
-    samples. `sums` are sums already (metric(), validation_step's counts), of any shape. Each batch's tensors
-    wait in lists and are folded when asked (and every 1024 batches): one stack per name, not several small
-    operations per step.
+    samples. `sums` are sums already (metric(), validation_step's counts), of any shape. A batch costs one
+    append; the batches wait, detached, and are folded when asked (and every 1024 batches): one stack per name.
+    Every batch reports the same names.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.folded: dict[str, torch.Tensor] = {}
         self.samples = torch.zeros((), dtype=torch.float64, device=device)
-        self.counts: list[int] = []
-        self.means: dict[str, list] = {}
-        self.sums: dict[str, list] = {}
+        self.waiting: list[tuple[int, dict, dict]] = []
 
     def add(self, samples: int, means: dict, sums: dict) -> None:
-        self.counts.append(samples)
-        for waiting, values in ((self.means, means), (self.sums, sums)):
-            for name, value in values.items():
-                waiting.setdefault(name, []).append(as_tensor(value, self.device))
-        if len(self.counts) == 1024:
+        self.waiting.append((samples, means, sums))
+        if len(self.waiting) == 1024:
             self.fold()
 
     def fold(self) -> dict[str, torch.Tensor]:
         """{name: sum so far} (a mean times its batch's samples); `self.samples` the samples so far."""
-        if self.counts:
-            counts = torch.tensor(self.counts, dtype=torch.float64, device=self.device)
-            for name, values in self.means.items():
-                self.folded[name] = self.folded.get(name, 0) + torch.stack(values).double() @ counts
-            for name, values in self.sums.items():
-                self.folded[name] = self.folded.get(name, 0) + torch.stack(values).double().sum(0)
+        if self.waiting:
+            counts = torch.tensor([batch[0] for batch in self.waiting], dtype=torch.float64, device=self.device)
+            for position, weighted in ((1, True), (2, False)):
+                for name in self.waiting[0][position]:
+                    values = stacked([batch[position][name] for batch in self.waiting], self.device)
+                    total = values @ counts if weighted else values.sum(0)
+                    self.folded[name] = self.folded.get(name, 0) + total
             self.samples += counts.sum()
-            self.counts, self.means, self.sums = [], {}, {}
+            self.waiting = []
         return self.folded
 
     def layout(self) -> list[tuple[str, tuple[int, ...]]]:
         return [(name, tuple(value.shape)) for name, value in self.fold().items()]
 
 
-def as_tensor(value, device: torch.device) -> torch.Tensor:
-    """A reported value, detached, on the device of the totals: a tensor of any shape, or a Python number."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(device, non_blocking=True)
-    return torch.tensor(float(value), dtype=torch.float64, device=device)
+def stacked(values: list, device: torch.device) -> torch.Tensor:
+    """Reported values (tensors of one shape, or Python numbers) as one fp64 tensor on `device`."""
+    try:
+        together = torch.stack(values)  # the common case: tensors on one device
+    except (TypeError, RuntimeError):  # numbers, or tensors on the two devices of a split model
+        together = torch.stack([torch.as_tensor(value).to(device) for value in values])
+    return together.to(device, torch.float64)
 
 
 def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], float]]:
@@ -327,6 +325,7 @@ class Trainer:
         """The recipe's training_step: the batch's mean loss, or (loss, {name: value to log})."""
         result = self.recipe.training_step(model, self.on_devices(batch))
         loss, logged = result if isinstance(result, tuple) else (result, {})
+        logged = {name: value.detach() if isinstance(value, torch.Tensor) else value for name, value in logged.items()}
         return loss, logged, {}, samples_in(batch)
 
     def run_step(self, batches, totals: Totals) -> None:
@@ -338,7 +337,7 @@ class Trainer:
                 with self.autocast():
                     loss, logged, sums, samples = step(self.model, next(batches))
                 self.scaler.scale(loss if parts == 1 else loss / parts).backward()
-            totals.add(samples, {"loss": loss, **logged}, sums)
+            totals.add(samples, {"loss": loss.detach(), **logged}, sums)  # detached: no graph kept alive
         if self.config.max_grad_norm:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
             # The gradients are all-reduced, so every rank computes the same norm; over both devices of a split model.
