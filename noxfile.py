@@ -56,7 +56,7 @@ TIERS = {
 }
 FAST_TIER = "not slow"
 # Two pytest workers on 2 cores: the rendered suites wait on process starts, timeouts and kills as much
-# as they compute. Measured here: windows-cpu-default's both tiers 276 -> 218 s, a fast tier 60 -> 49 s.
+# as they compute.
 WORKERS = ["-n", "2"]
 
 # docs is not in the default run: tests/test_site.py builds the site (strict) and tests the HTML.

@@ -15,8 +15,8 @@ import yaml
 from conftest import windows_path
 from render import ANSWER_SETS, render
 
-# One worker runs them all: each worker would otherwise create its own Wine prefix (about 4 CPU seconds and
-# 6 s each) and render the Windows answer sets again.
+# One worker runs them all: each worker would otherwise create its own Wine prefix (seconds of CPU each)
+# and render the Windows answer sets again.
 pytestmark = pytest.mark.xdist_group("wine")
 
 WINDOWS_SETS = [name for name, answers in ANSWER_SETS.items() if answers.get("target_os", "windows") != "linux"]

@@ -173,7 +173,7 @@ conda() {
     case "$1 $2" in
     "env create")
         local name; name=$(python -c "import yaml,sys; print(yaml.safe_load(open('$4'))['name'])")
-        # Without pip of its own: the outer pip installs into it (ensurepip took 5 of this test's CPU seconds).
+        # Without pip of its own: the outer pip installs into it, so ensurepip's work is not repeated.
         python -m venv --without-pip "$CONDA_ENVS/$name" || return 1
         python - "$4" > "$CONDA_ENVS/$name.txt" <<'PY' || return 1
 import os, sys, yaml
@@ -187,7 +187,7 @@ for line in pip:
         elif line and not line.startswith(("#", "--")):  # the index options name hosts this machine cannot reach
             print(line)
 PY
-        # --no-compile: byte-compiling all of torch took 16 of this test's 35 CPU seconds; Python compiles
+        # --no-compile: byte-compiling all of torch would be most of this test's work; Python compiles
         # what the run imports instead (the test lets it write .pyc files).
         python -m pip --python "$CONDA_ENVS/$name/bin/python" install -q --no-compile -r "$CONDA_ENVS/$name.txt" ;;
     "activate "*) source "$CONDA_ENVS/$2/bin/activate" ;;

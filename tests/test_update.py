@@ -54,7 +54,7 @@ def versions(tmp_path) -> Path:
     bat = repo / "template" / "scripts" / "train.bat.jinja"
     text = bat.read_text(encoding="utf-8")
     bat.write_text(text.replace('set "USE_LIBUV=0"\n', 'set "USE_LIBUV=0"\nset "PYTHONUTF8=1"\n'), encoding="utf-8")
-    (repo / "template" / "docs").mkdir()
+    (repo / "template" / "docs").mkdir(exist_ok=True)
     (repo / "template" / "docs" / "UPGRADING.md").write_text("# Upgrading\n\nNew in v2.\n", encoding="utf-8")
     config = repo / "template" / "configs" / "train.toml.jinja"
     config.write_text(config.read_text(encoding="utf-8").replace("timeout_s = 300 ", "timeout_s = 600 "), "utf-8")
@@ -198,7 +198,7 @@ def test_changed_answers_regenerate_every_dependent_file(versions, tmp_path):
             b"29700" not in (project / "scripts" / launcher).read_bytes()
             and b"29500" not in (project / "scripts" / launcher).read_bytes()
         )
-    assert "2 GPU(s) per machine with the cu126 build" in (project / "README.md").read_text(encoding="utf-8")
+    assert "2 GPUs per machine with the cu126 build" in (project / "README.md").read_text(encoding="utf-8")
     assert find_conflicts(project).returncode == 0
     # The updated project's own fast tests still pass (its training tests run in render_and_test).
     result = subprocess.run(
