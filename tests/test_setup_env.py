@@ -21,23 +21,24 @@ from render import render
 from wheel_index import WheelIndex
 
 
-def needed(tmp_path: Path) -> list[str]:
-    """What the project installs (its dependencies and test extra, as rendered), torch at this build."""
-    render(tmp_path / "read", {"target_os": "linux"})
-    project = tomllib.loads((tmp_path / "read" / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    wanted = [*project["dependencies"], *project["optional-dependencies"]["test"], "setuptools>=64"]
-    return [f"torch=={torch.__version__}", *(spec for spec in wanted if not spec.startswith("torch"))]
+def needed(project: Path) -> list[str]:
+    """What setup_env.sh installs: the torch pin, the project's own and test requirements, its build backend."""
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+    return [f"torch=={torch.__version__}", *pyproject["project"]["dependencies"],
+            *pyproject["project"]["optional-dependencies"]["test"], *pyproject["build-system"]["requires"]]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def local_mirror(tmp_path_factory):
+    """The mirror's stand-in, with every wheel the project needs, fetched once from where this machine's pip finds
+    them (a local folder here)."""
     if "+cpu" not in torch.__version__ or sys.platform == "win32":
         pytest.skip("the venv path is run with a +cpu torch build, in bash")
     folder = tmp_path_factory.mktemp("wheels")
-    # Fetched once from where this machine's pip finds them (a local folder here).
-    wanted = needed(tmp_path_factory.mktemp("project"))
+    project = tmp_path_factory.mktemp("probe") / "p"
+    render(project, {})
     fetched = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder), *wanted],
+        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder), *needed(project)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     if fetched.returncode != 0:
