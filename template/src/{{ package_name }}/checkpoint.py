@@ -12,6 +12,7 @@ byte is caught instead of trained on. Each name carries the run's identity
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
 from pathlib import Path
@@ -55,6 +56,27 @@ def fingerprint(value, digest=None) -> str:
     else:
         digest.update(repr(value).encode())
     return digest.hexdigest()
+
+
+def on_cpu(state_dict: dict) -> dict:
+    """A model's state_dict with every tensor on the CPU: model.pt, best.pt and checkpoints then load on a machine
+    without the GPU(s) that trained them (torch.load would otherwise look for "cuda:1" there)."""
+    return {
+        name: value.detach().cpu() if isinstance(value, torch.Tensor) else value for name, value in state_dict.items()
+    }
+
+
+def slow_save_warning(seconds: float, timeout_s: int) -> str | None:
+    """Past half of timeout_s, a save risks the job: the other ranks wait for it in barrier(), and one that takes
+    longer than timeout_s ends the job (nccl: "Watchdog caught collective operation timeout")."""
+    if seconds < timeout_s / 2:
+        return None
+    enough = max(2 * timeout_s, 60 * math.ceil(4 * seconds / 60))
+    return (
+        f"saving the checkpoint took {seconds:.0f} s, more than half of timeout_s={timeout_s}: the other ranks wait "
+        f"for it, and a save longer than timeout_s stops the job; set timeout_s = {enough} in configs/train.toml "
+        f"(--timeout-s {enough}), or put output_dir on a faster disk"
+    )
 
 
 def save_atomic(state: dict, path: Path) -> None:
