@@ -46,6 +46,8 @@ def test_train_bat_passes_only_the_config_then_every_argument(rendered, wine_cmd
         *PASSTHROUGH_PARSED,
     ]  # fmt: skip
     assert run.env("python")["USE_LIBUV"] == "0"
+    # As typed: the resume hint after Ctrl+C names this script (train.py's resume_command).
+    assert run.env("python")["DDP_LAUNCHER"] == launcher(project, "train.bat")
 
 
 def test_train_bat_in_the_projects_active_environment_starts_python_directly(rendered, wine_cmd):
@@ -122,7 +124,10 @@ def test_train_ps1_mirrors_train_bat(rendered, name):
     answers = answers_of(project)
     bat = (project / "scripts" / "train.bat").read_text(encoding="ascii")
     ps1 = (project / "scripts" / "train.ps1").read_text(encoding="ascii")  # ASCII: PowerShell 5.1 reads UTF-8 as ANSI
-    assert dict(PS1_SET.findall(ps1)) == dict(BAT_SET.findall(bat)) == {"USE_LIBUV": "0"}
+    assert dict(PS1_SET.findall(ps1)) == {"USE_LIBUV": "0"}
+    assert dict(BAT_SET.findall(bat)) == {"USE_LIBUV": "0", "DDP_LAUNCHER": "%0"}  # the script as typed
+    launcher_line = '$env:DDP_LAUNCHER = "powershell -ExecutionPolicy Bypass -File $(Resolve-Path -Relative $PSCommandPath)"'
+    assert launcher_line in ps1.splitlines()
     package, name = answers["package_name"], answers["project_name"]
     # The same three ways to an environment, in the same order: active already, conda activate, an installed project.
     assert f"if ($env:CONDA_DEFAULT_ENV -ne '{name}')" in ps1 and f'"%CONDA_DEFAULT_ENV%"=="{name}"' in bat

@@ -3,12 +3,17 @@
 The TOML file holds the defaults rendered from the project's copier answers;
 every field can be overridden on the command line. The launch scripts pass only
 `--config` and the user's own arguments, so an edit to the file always counts.
+
+[train] and [distributed] are the engine's settings, declared in Config below. [recipe] is the
+recipe's own table: any names and TOML values, handed over as `config.settings`, each overridable
+with `--set NAME=VALUE` or its own flag (`--block-size 64`), and listed by `--help`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import math
 import socket
 import sys
@@ -20,6 +25,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.9/3.10 only
     import tomli as tomllib
+
+from . import scalars
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "train.toml"
 
@@ -65,10 +72,7 @@ class Config:
     accumulate_steps: int = setting(
         "micro-batches per optimizer step on each rank (gradient accumulation)", at_least(1)
     )
-    lr: float = setting("learning rate (cosine schedule over the whole run)", positive_finite)
-    momentum: float = setting("SGD momentum", momentum_range)
     seed: int = setting("seed of the weights, the data order and every rank's random streams")
-    samples: int = setting("size of the synthetic data set", at_least(1))
     num_workers: int = setting("DataLoader worker processes per rank (spawned on Windows)", at_least(0))
     checkpoint_every: int = setting("steps between checkpoints (0: at the end of each epoch)", at_least(0))
     keep_checkpoints: int = setting("how many of this run's newest checkpoints to keep", at_least(1))
@@ -78,12 +82,21 @@ class Config:
     best_metric: str = setting("metrics.csv column that picks best.pt: val_loss or val_<the recipe's metric>")
     best_mode: str = setting("whether best_metric is best when lowest or highest", choices=("min", "max"))
     stop_on_nonfinite_loss: bool = setting("stop when the loss turns NaN or infinite, keeping the last good checkpoint")
+    max_grad_norm: float = setting(
+        "clip the gradients' global L2 norm to this once per step (0: no clipping)", at_least(0)
+    )
+    early_stop_patience: int = setting(
+        "stop after this many epochs without a better best_metric (0: train every epoch)", at_least(0)
+    )
     precision: str = setting("autocast precision; parameters stay fp32", choices=("no", "fp16", "bf16"))
     parallelism: str = setting(
         "one device per process, or the model split over 2", choices=("ddp", "ddp_model_parallel")
     )
     deterministic: bool = setting("deterministic algorithms only (slower)")
     progress: bool = setting("progress bar on rank 0 (only when stdout is a terminal)")
+    tensorboard: bool = setting(
+        "rank 0 also writes metrics.csv's scalars as TensorBoard events under output_dir", scalars.missing_package
+    )
     # [distributed]
     backend: str = setting("collective backend (Windows: gloo only)", choices=("gloo", "nccl"))
     device: str = setting("where each rank computes", choices=("cpu", "cuda"))
@@ -96,6 +109,21 @@ class Config:
     max_restarts: int = setting("restart all ranks from the newest checkpoint after a failure, this often", at_least(0))
     # [environment]: what the project was rendered for; read by the doctor.
     environment: dict = field(default_factory=dict)
+    # [recipe]: the recipe's own settings (block_size = 64, ...), as TOML gave them; recorded in run.json
+    # and every checkpoint with the rest of the config.
+    settings: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str):
+        """A [recipe] setting read as an attribute: config.lr is config.settings["lr"].
+
+        recipe.py is the user's and an update never rewrites it, so recipes written when lr, momentum and
+        samples were engine settings keep reading config.lr. Only reached for names that are not fields.
+        """
+        settings = self.__dict__.get("settings", {})  # unpickling asks for attributes before there are any
+        if name in settings:
+            return settings[name]
+        listed = ", ".join(settings) or "none"
+        raise AttributeError(f"Config has no setting {name!r}: not the engine's, nor in [recipe] (there: {listed})")
 
     @property
     def world_size(self) -> int:
@@ -128,6 +156,10 @@ class Config:
                 reason = f"must be one of {', '.join(choices)}, got {value!r}"
             if reason:
                 found.append(f"{setting_field.name} {reason}")
+        for name, check in RECIPE_CHECKS.items():
+            value = self.settings.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and check(value):
+                found.append(f"{name} {check(value)}")
         if found:
             return found  # the rules below assume every value is in range
         if self.node_rank >= self.nnodes:
@@ -147,10 +179,19 @@ class Config:
         return found
 
 
-SETTINGS = [f for f in dataclasses.fields(Config) if f.name != "environment"]
+SETTINGS = [f for f in dataclasses.fields(Config) if f.name not in ("environment", "settings")]
+# The ranges of the toy recipe's settings, checked with the engine's before any rank starts; a [recipe]
+# setting of yours with one of these names means the same thing and is held to the same range.
+RECIPE_CHECKS = {"lr": positive_finite, "momentum": momentum_range, "samples": at_least(1)}
+# They were [train] settings before [recipe] existed. A train.toml of that time (a project not updated yet,
+# or an update that kept the user's file as it was) still trains: they are read as [recipe] settings.
+MOVED_TO_RECIPE = ("lr", "momentum", "samples")
+# Names a [recipe] setting cannot take: the engine's settings, Config's own attributes, the flags' names.
+_TAKEN = {f.name for f in dataclasses.fields(Config)} | {name for name in dir(Config) if not name.startswith("_")}
+_TAKEN |= {alias[2:].replace("-", "_") for f in SETTINGS for alias in f.metadata["aliases"]} | {"config", "set", "help"}
 
 
-_SECTIONS = ("train", "distributed")
+_SECTIONS = ("train", "distributed", "recipe")
 _TOML_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,)}
 
 
@@ -164,14 +205,15 @@ def load(path: Path) -> Config:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path} is not valid TOML: {error}") from None
     known = {f.name: f for f in dataclasses.fields(Config)}
-    values: dict = {"environment": data.pop("environment", {})}
-    for section in _SECTIONS:
+    values: dict = {"environment": data.pop("environment", {}), "settings": recipe_table(path, data)}
+    for section in _SECTIONS[:2]:
         for key, value in data.pop(section, {}).items():
-            if key not in known or key == "environment":
+            if key not in known or key in ("environment", "settings"):
                 raise ConfigError(f"{path}: unknown setting [{section}] {key}")
             values[key] = value
     if data:
-        raise ConfigError(f"{path}: unknown section(s) {', '.join(sorted(data))}; expected {', '.join(_SECTIONS)}")
+        expected = ", ".join((*_SECTIONS, "environment"))
+        raise ConfigError(f"{path}: unknown section(s) {', '.join(sorted(data))}; expected {expected}")
     for name, value in values.items():
         expected = _TOML_TYPES.get(known[name].type)
         if expected and (not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected)):
@@ -182,12 +224,89 @@ def load(path: Path) -> Config:
     return Config(**values)
 
 
+def recipe_table(path: Path, data: dict) -> dict:
+    """[recipe], taken out of the parsed file, with the toy's settings an older train.toml kept in [train]."""
+    settings = data.pop("recipe", {})
+    if not isinstance(settings, dict):
+        raise ConfigError(f"{path}: recipe must be a table ([recipe]), got {settings!r}")
+    train = data.get("train", {})
+    for name in MOVED_TO_RECIPE:
+        if name in train and settings.setdefault(name, train[name]) != train.pop(name):
+            raise ConfigError(f"{path}: {name} is set in [train] and in [recipe]; keep the one in [recipe]")
+    for name, value in settings.items():
+        if not name.isidentifier() or name in _TAKEN:
+            why = "is the name of an engine setting or flag" if name in _TAKEN else "is not a Python name"
+            raise ConfigError(f"{path}: [recipe] {name} {why}; rename it")
+        if isinstance(value, (datetime.date, datetime.time)):  # checkpoints load with weights_only=True
+            raise ConfigError(f"{path}: [recipe] {name} is a date or time; write it as a string")
+    return settings
+
+
+_KINDS = {bool: "a boolean", int: "an integer", float: "a float", str: "a string", list: "an array", dict: "a table"}
+
+
+def _kind(value) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def override(settings: dict, assignment: str, typed: str = "") -> dict:
+    """settings with `NAME=VALUE` applied (--set, or a [recipe] setting's own flag); ConfigError says why not.
+
+    VALUE is TOML and must have the kind the setting has in the file (an integer may stand for a float).
+    A string setting also takes a bare word (--set optimizer=adamw), which shells make hard to quote.
+    `typed` is what the command line said, for the message (--lr abc), when it was not --set.
+    """
+    name, equals, text = assignment.partition("=")
+    name, typed = name.strip(), typed or f"--set {assignment}"
+    if not equals or not name:
+        raise ConfigError(f"--set takes NAME=VALUE, got {assignment!r}")
+    if name not in settings:
+        listed = ", ".join(settings) or "none"
+        raise ConfigError(f"--set {name}: no such setting in [recipe] of the config file (there: {listed}); add it")
+    current = settings[name]
+    try:
+        parsed = tomllib.loads(f"value = {text}")
+        value = parsed["value"] if parsed.keys() == {"value"} else None
+    except tomllib.TOMLDecodeError:
+        value = None
+    if isinstance(current, str):
+        value = value if isinstance(value, str) else text
+    elif type(current) is float and type(value) is int:
+        value = float(value)
+    if value is None or type(value) is not type(current):
+        got = "not a TOML value" if value is None else _kind(value)
+        wanted = f"{name} is {_kind(current)} ({current!r}) in [recipe]"
+        raise ConfigError(f"{typed}: {text!r} is {got}; {wanted}")
+    return {**settings, name: value}
+
+
+class _Override(argparse.Action):
+    """--set NAME=VALUE and each [recipe] setting's own flag, collected in command-line order: the last one wins."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        typed = ""
+        if self.const:  # a setting's own flag: --block-size 64, or --augment / --no-augment
+            typed = f"{option_string} {values}" if self.nargs != 0 else option_string
+            values = f"{self.const}={values if self.nargs != 0 else str(not option_string.startswith('--no-')).lower()}"
+        namespace.set = [*(namespace.set or []), (values, typed)]
+
+
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its one-line refusal broken to the console's width (logs.wrapped)."""
+
+    def error(self, message: str):
+        from .logs import wrapped
+
+        self.print_usage(sys.stderr)
+        self.exit(2, wrapped(f"{self.prog}: error: {message}") + "\n")
 
 
 def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentParser:
     """A flag per setting, generated from Config; --help shows each one's meaning and its value in the file."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog,
         description="Train with DistributedDataParallel. Run plainly, it starts its own ranks; "
         "under torchrun it joins as one rank. Every flag overrides the same setting in the config file.",
@@ -207,6 +326,17 @@ def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentP
                 options["choices"] = meta["choices"]
                 options["metavar"] = "{" + ",".join(meta["choices"]) + "}"
         parser.add_argument(*flags, **options)
+    recipe = parser.add_argument_group(
+        "recipe settings", "[recipe] in the config file; each flag is short for --set NAME=VALUE (VALUE in TOML)"
+    )
+    recipe.add_argument("--set", action=_Override, metavar="NAME=VALUE", help="override one of them (repeatable)")
+    for name, value in (current.settings if current else {}).items():
+        flag, shown = "--" + name.replace("_", "-"), f"{_kind(value)} (config: {value!r})"
+        if isinstance(value, bool):
+            recipe.add_argument(flag, "--no-" + flag[2:], action=_Override, const=name, dest="set", nargs=0, help=shown)
+        else:
+            metavar = _kind(value).split()[-1].upper()
+            recipe.add_argument(flag, action=_Override, const=name, dest="set", metavar=metavar, help=shown)
     return parser
 
 
@@ -221,7 +351,15 @@ def from_command_line(argv: list[str] | None, prog: str) -> Config:
     parser = build_parser(prog, current=config)
     args = vars(parser.parse_args(argv))
     args.pop("config")
-    config = dataclasses.replace(config, **{key: value for key, value in args.items() if value is not None})
+    settings = config.settings
+    try:
+        for assignment, typed in args.pop("set") or []:
+            settings = override(settings, assignment, typed)
+    except ConfigError as error:
+        parser.error(str(error))
+    config = dataclasses.replace(
+        config, settings=settings, **{key: value for key, value in args.items() if value is not None}
+    )
     found = config.problems()
     if found:
         parser.error("; ".join(found))
@@ -240,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     config = from_command_line(train_args, f"python -m {__package__}.train")
     names = args.get.split(",")
     computed = {"local_address", "world_size", "micro_batch"}
-    unknown = [name for name in names if name not in {f.name for f in dataclasses.fields(Config)} | computed]
+    known = {f.name for f in dataclasses.fields(Config)} | computed | config.settings.keys()
+    unknown = [name for name in names if name not in known]
     if unknown:
         parser.error(f"unknown setting(s): {', '.join(unknown)}")
     try:

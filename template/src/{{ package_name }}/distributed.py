@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .config import Config
+from .logs import shown_path, wrapped
 
 if TYPE_CHECKING:
     import torch
@@ -386,8 +387,9 @@ def die_with_the_launcher() -> None:
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def rank_program():
-    """rank.run_rank, imported as the fork server imports torch: the collector paused, then everything imported frozen.
+def rank_program(program: str = "run_rank"):
+    """A function of rank.py (run_rank, run_evaluation), imported as the fork server imports torch: the collector
+    paused, then everything imported frozen.
 
     torch and the engine live as long as the rank; frozen, they are never walked by its later collections, the
     first of which run while DDP's constructor imports torch._dynamo. A spawned, torchrun or Slurm rank: `import
@@ -397,22 +399,21 @@ def rank_program():
     collecting = gc.isenabled()
     gc.disable()
     try:
-        from .rank import run_rank
+        from . import rank
     finally:
         gc.freeze()
         if collecting:
             gc.enable()
-    return run_rank
+    return getattr(rank, program)
 
 
 def _spawned_rank(
-    local_rank: int, config: Config, beats, report: str, environ: dict[str, str], method: str, program=None
+    local_rank: int, config: Config, beats, report: str, environ: dict[str, str], method: str, program: tuple
 ) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it).
 
     `environ` is the launcher's environment at this start: a fork server's child would otherwise inherit
-    the server's, from the job's first start (an older restart count and store file). `program` replaces
-    rank.run_rank (the doctor's smoke check runs its probe through this same path).
+    the server's, from the job's first start (an older restart count and store file).
     A failure is written to `report` for the launcher: a refusal (LaunchError) as its message, anything
     else as its traceback. The file, not a pipe: a long traceback cannot block a rank that is exiting.
     """
@@ -427,7 +428,7 @@ def _spawned_rank(
         started_by=method,
     )
     try:
-        status = (program or rank_program())(config, info)
+        status = rank_program(program[0])(config, info, *program[1:])
     except LaunchError as refused:
         failure = {"refused": True, "message": str(refused)}
     except Exception:
@@ -503,15 +504,16 @@ def _raise_terminated(signum, frame) -> None:
     raise _Terminated
 
 
-def spawn(config: Config, program=None) -> int:
+def spawn(config: Config, program: tuple = ("run_rank",)) -> int:
     """Start config.nproc_per_node ranks on this machine and wait for all of them.
+
+    Each runs `program`: the name of an entry point in rank.py (training by default), then its arguments.
 
     Returns the exit status for the whole job: 0 when every rank finished,
     otherwise non-zero. When one rank fails, the others are stopped, so the
     job never hangs on a dead peer; with max_restarts > 0 all ranks are then
     started again and resume from the newest checkpoint (a refusal is not retried).
-    Ctrl+C (or SIGTERM) stops every rank and returns 130. Each rank runs rank.run_rank, or `program(config,
-    info)` when given (a top-level function, so that Windows can pickle it).
+    Ctrl+C (or SIGTERM) stops every rank and returns 130.
     """
     os.environ.update(rendezvous_environment(config))
     if config.nnodes > 1 and config.node_rank == 0:
@@ -535,7 +537,7 @@ def spawn(config: Config, program=None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_ranks_in_own_folder(config: Config, program=None) -> int:
+def _run_ranks_in_own_folder(config: Config, program: tuple) -> int:
     """One start of the ranks, with a new folder for its failure reports and, on one machine, its store.
 
     On one machine the ranks meet through a file there (a FileStore), so nothing listens on a port.
@@ -559,7 +561,7 @@ def process_context() -> multiprocessing.context.BaseContext:
     return context
 
 
-def _run_ranks(config: Config, folder: Path, program=None) -> int:
+def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
     context = process_context()
     # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
     beats = context.RawArray("d", config.nproc_per_node)
@@ -597,14 +599,14 @@ def _run_ranks(config: Config, folder: Path, program=None) -> int:
     silent = _silent_ranks(beats, 3.0) if failure else {}  # a rank timed out waiting: was a peer frozen?
     _stop(ranks, hung=silent)
     if failure and failure["refused"]:
-        print(f"error: {failure['message']}", file=sys.stderr, flush=True)
+        print(wrapped(f"error: {failure['message']}"), file=sys.stderr, flush=True)
         return REFUSED
     if failure:
         reason = [line for line in failure["message"].splitlines() if line.strip()][-1]
         logs = Path(config.output_dir) / "logs"
-        details = f" (details: {logs / 'rank*.log'})" if logs.is_dir() else ""  # only where logs were written
+        details = f" (details: {shown_path(logs / 'rank*.log')})" if logs.is_dir() else ""  # where logs were written
         cause = f"{_describe(silent)}, and " if silent else ""
-        print(f"error: {cause}rank {slot} failed: {reason}{details}", file=sys.stderr, flush=True)
+        print(wrapped(f"error: {cause}rank {slot} failed: {reason}{details}"), file=sys.stderr, flush=True)
         return 1
     if code == STOPPED:
         print("stopped on SIGUSR1 with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)

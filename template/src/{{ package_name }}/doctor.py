@@ -9,9 +9,16 @@ anything would stop training, 0 otherwise (warnings do not count).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +27,7 @@ import torch.distributed as dist
 
 from .config import DEFAULT_CONFIG, Config, ConfigError, load
 from .distributed import LaunchError, backend_problems, check_port_free, exit_now, gloo_binding, visible_gpus
+from .logs import wrapped
 
 PROG = f"python -m {__package__}.doctor"
 
@@ -67,7 +75,8 @@ def compare(config: Config) -> list[Finding]:
     found: list[Finding] = []
     reinstall = (
         f"pip install --force-reinstall torch=={wanted.get('torch_version')}+{wanted.get('cuda')} "
-        f"--index-url {wanted.get('torch_index_url')}   (or: conda env update -f environment.yml --prune)"
+        f"{torch_source_option(wanted)} {wanted.get('torch_index_url')}"
+        "   (or: conda env update -f environment.yml --prune)"
     )
     installed_version = torch.__version__.split("+")[0]
     if wanted.get("torch_version") and installed_version != wanted["torch_version"]:
@@ -165,7 +174,7 @@ def architecture_findings(
             index_url = url[: -len(current)] + tag if same_index else f"https://download.pytorch.org/whl/{tag}"
             fix = (
                 f"use the {tag} build: copier update --defaults --data cuda={tag}, then "
-                f"pip install --force-reinstall torch=={version}+{tag} --index-url {index_url}"
+                f"pip install --force-reinstall torch=={version}+{tag} {torch_source_option(wanted)} {index_url}"
             )
         else:
             fix = (
@@ -180,6 +189,141 @@ def gpu_architectures(config: Config) -> list[Finding]:
     """Each visible GPU's sm_XY against the architectures the installed torch was built for."""
     gpus = visible_gpus()
     return architecture_findings(gpus, torch.cuda.get_arch_list(), config.environment, cuda_tag()) if gpus else []
+
+
+def torch_source_option(wanted: dict) -> str:
+    """How pip reads the torch wheel URL on its own: an index replaces PyPI, a flat page is --find-links."""
+    return "--find-links" if wanted.get("torch_pip_option") == "--find-links" else "--index-url"
+
+
+# -- where the project installs from ----------------------------------------------------------
+
+HOST_TIMEOUT_S = 5.0
+MIRROR_FIX = "copier update --defaults --data package_mirror=china"
+
+
+def install_sources(wanted: dict) -> dict[str, str]:
+    """The addresses requirements.txt and environment.yml install from (the answers' package_mirror)."""
+    channel = wanted.get("conda_channel") or ""
+    if channel and "://" not in channel:  # a channel name: conda's default host
+        channel = f"https://conda.anaconda.org/{channel}"
+    found = {"torch from": wanted.get("torch_index_url"), "pypi from": wanted.get("pypi_index_url")}
+    return {label: url for label, url in {**found, "conda from": channel}.items() if url}
+
+
+def probe(url: str, timeout: float = HOST_TIMEOUT_S) -> tuple[str | None, float]:
+    """(None, seconds) when the host answers at all (any HTTP status counts), else (the reason, seconds)."""
+    start = time.monotonic()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            pass
+    except urllib.error.HTTPError:
+        pass  # it answered: a mirror may refuse HEAD or list no page at the folder
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        return str(reason) or type(reason).__name__, time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def probe_sources(wanted: dict) -> tuple[dict[str, str], list[Finding]]:
+    """Each install address and whether it answers within HOST_TIMEOUT_S; the fix when PyTorch's does not."""
+    sources = install_sources(wanted)
+    with ThreadPoolExecutor(max_workers=max(len(sources), 1)) as pool:
+        pending = {label: pool.submit(probe, url) for label, url in sources.items()}
+        results = {label: future.result() for label, future in pending.items()}
+    lines, found = {}, []
+    for label, url in sources.items():
+        problem, seconds = results[label]
+        lines[label] = f"{url} ({f'answers, {seconds:.2f} s' if problem is None else 'no answer: ' + problem})"
+    problem = results.get("torch from", (None, 0.0))[0]
+    if problem is not None:
+        mirror = wanted.get("package_mirror", "official")
+        fix = MIRROR_FIX if mirror == "official" else "copier update --defaults --data package_mirror=custom"
+        found.append(
+            Finding(
+                "warn",
+                f"the PyTorch wheels at {sources['torch from']} do not answer ({problem}); where that host is "
+                f"slow or blocked, install from a mirror: {fix}, then run the setup script again",
+            )
+        )
+    return lines, found
+
+
+# -- torchvision / torchaudio against torch --------------------------------------------------
+
+
+def companion_findings(wanted: dict) -> list[Finding]:
+    """torchvision and torchaudio must be the release built for this torch, with its +tag."""
+    found = []
+    for name in ("torchvision", "torchaudio"):
+        try:
+            have = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            have = None
+        built_for = wanted.get(name) or ""
+        want = f"{built_for}+{wanted.get('cuda')}" if built_for else ""
+        chosen = name in wanted.get("extras", [])
+        if have is None:
+            if chosen:
+                found.append(Finding("FAIL", f"{name} is not installed; fix: pip install -r requirements.txt"))
+            continue
+        if have == want:
+            continue
+        pin = f"{name}=={want}" if want else f"(none is built for torch {wanted.get('torch_version')})"
+        fix = (
+            "pip install -r requirements.txt"
+            if chosen
+            else (
+                f"pip install {pin} {wanted.get('torch_pip_option')} {wanted.get('torch_index_url')}"
+                if want
+                else f"pip uninstall {name}"
+            )
+        )
+        found.append(
+            Finding(
+                "FAIL",
+                f"{name} {have} is installed, torch {wanted.get('torch_version')}+{wanted.get('cuda')} "
+                f"needs {pin}; fix: {fix}",
+            )
+        )
+    return found
+
+
+# -- NVIDIA driver against the CUDA build ----------------------------------------------------
+
+
+def driver_version() -> str | None:
+    """The installed NVIDIA driver as nvidia-smi reports it; None without nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = done.stdout.split()
+    return lines[0] if done.returncode == 0 and lines else None
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+def driver_findings(wanted: dict, installed: str | None) -> list[Finding]:
+    """FAIL below the oldest driver that starts the project's CUDA build on this OS."""
+    system = "windows" if sys.platform == "win32" else "linux"
+    floor = wanted.get(f"driver_min_{system}")
+    if not floor or installed is None or version_tuple(installed) >= version_tuple(floor):
+        return []
+    return [
+        Finding(
+            "FAIL",
+            f"NVIDIA driver {installed} is older than {floor}, the oldest that starts {wanted.get('cuda')} builds "
+            f"on {system}; fix: install a newer driver (https://www.nvidia.com/drivers)",
+        )
+    ]
 
 
 def network(config: Config) -> dict[str, str]:
@@ -218,12 +362,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     if args.smoke:
         return smoke_check(config)
-    for name, value in {**facts(), **network(config)}.items():
-        print(f"{name:>10}: {value}")
+    wanted = config.environment
+    sources, unreachable = probe_sources(wanted)
+    driver = driver_version()
+    installed = {"driver": driver or "none (no nvidia-smi)"}
+    for name, value in {**facts(), **installed, **network(config), **sources}.items():
+        print(wrapped(f"{name:>10}: {value}", sys.stdout, indent=" " * 12))
     print()
-    findings = compare(config)
+    findings = compare(config) + companion_findings(wanted) + driver_findings(wanted, driver) + unreachable
     for finding in findings:
-        print(f"{finding.level:<4}  {finding.text}")
+        print(wrapped(f"{finding.level:<4}  {finding.text}", sys.stdout, indent=" " * 6))
     return 1 if any(f.level == "FAIL" for f in findings) else 0
 
 

@@ -5,11 +5,15 @@ epoch part-way). Any map-style Dataset with integer indexing works; one that imp
 batched fetch (`__getitems__`) gets whole index lists instead, and may return a ready `Batch`.
 Validation: each rank takes every world_size-th sample, without DistributedSampler's padding, so
 exactly the N validation samples count once.
+A batch may be any structure of tensors (tuples, lists, dicts, namedtuples, dataclasses): `to_device`
+moves each tensor in it, and `samples_in` counts the batch by its first tensor's leading dimension.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -25,6 +29,59 @@ class Batch(tuple):
 
 def collate(samples):
     return samples if isinstance(samples, Batch) else default_collate(samples)
+
+
+def map_tensors(batch, change):
+    """The batch in the same structure, with `change(tensor)` in place of each tensor; anything else as it is."""
+    if isinstance(batch, torch.Tensor):
+        return change(batch)
+    if isinstance(batch, Mapping):
+        changed = {key: map_tensors(value, change) for key, value in batch.items()}
+        try:
+            return type(batch)(changed)
+        except TypeError:  # a mapping that cannot be built from a dict (e.g. a defaultdict): a plain dict
+            return changed
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(map_tensors(value, change) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(map_tensors(value, change) for value in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        fields = [field.name for field in dataclasses.fields(batch) if field.init]
+        return dataclasses.replace(batch, **{name: map_tensors(getattr(batch, name), change) for name in fields})
+    return batch
+
+
+def to_device(batch, device: torch.device):
+    """The batch with every tensor in it on `device` (tensors, tuples, lists, dicts, namedtuples, dataclasses)."""
+    if isinstance(batch, torch.Tensor):  # the common case, without a function call per tensor
+        return batch.to(device, non_blocking=True)
+    return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
+
+
+def tensors_in(batch):
+    """Every tensor in the batch, depth first, in the order map_tensors visits them."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from tensors_in(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            yield from tensors_in(value)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for field in dataclasses.fields(batch):
+            yield from tensors_in(getattr(batch, field.name))
+
+
+def samples_in(batch) -> int:
+    """How many samples the batch holds: the leading dimension of its first tensor."""
+    first = next(tensors_in(batch), None)
+    if first is None or first.dim() == 0:
+        raise TypeError(
+            f"cannot count the samples of a batch of type {type(batch).__name__}: it holds no tensor with a "
+            "batch dimension; return tensors from the Dataset (or its collate_fn)"
+        )
+    return len(first)
 
 
 class ResumableSampler(DistributedSampler):

@@ -1,21 +1,33 @@
-"""One log file per rank (torchrun's redirects do not work on Windows); rank 0 also prints."""
+"""One log file per rank (torchrun's redirects do not work on Windows); rank 0 also prints.
+
+What rank 0 prints is written for an 80-column console (the Windows default): the run's lines
+are built here to fit it, and the progress bar keeps its ETA, rate and loss at that width.
+"""
 
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
+import textwrap
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
+if TYPE_CHECKING:  # tqdm is imported by the ranks only: the launcher prints its refusals with wrapped()
+    from tqdm import tqdm
+
+    from .config import Config
 
 
 class AboveTheBar(logging.StreamHandler):
-    """Console lines printed above rank 0's progress bar instead of through it."""
+    """Console lines printed above rank 0's progress bar instead of through it, broken to the window's width."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
         try:
-            tqdm.write(self.format(record), file=self.stream)
+            tqdm.write(wrapped(self.format(record), self.stream), file=self.stream)
         except Exception:
             self.handleError(record)
 
@@ -32,6 +44,8 @@ def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
     if rank == 0:
         # tqdm's default lock is a multiprocessing semaphore, which a rank stopped by SIGTERM leaks
         # (a resource_tracker warning after every failed run). Only rank 0 draws: a thread lock does.
+        from tqdm import tqdm
+
         tqdm.set_lock(threading.RLock())
         to_console = AboveTheBar(sys.stdout)
         to_console.setFormatter(logging.Formatter("%(message)s"))
@@ -40,8 +54,100 @@ def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
     return logger
 
 
+COLUMNS = 80  # the narrowest console the lines are written for
+
+
+def shown_path(path: Path | str) -> str:
+    """A path as the user would type it: relative to the current folder (the project) when inside it."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+def number(value: float) -> str:
+    """4 significant digits: 0.003512 and 1.609 alike, so a loss that falls by decades stays readable."""
+    return f"{value:.4g}"
+
+
+NOT_SHOWN = ("epoch", "step", "lr", "samples_per_s", "resumed")  # metrics.csv's columns that are not values
+
+
+def epoch_values(row: dict) -> list[str]:
+    """`loss 0.1234 (val 0.1301)`, one item per value, its validation twin beside it; validation-only last."""
+    names = [name for name in row if name not in NOT_SHOWN]
+    items = [
+        f"{name} {number(row[name])}" + (f" (val {number(row['val_' + name])})" if "val_" + name in row else "")
+        for name in names
+        if not name.startswith("val_")
+    ]
+    return items + [f"{name} {number(row[name])}" for name in names if name.startswith("val_") and name[4:] not in row]
+
+
+def epoch_line(row: dict, epochs: int) -> str:
+    """`epoch 3/5  loss 0.1234 (val 0.1301)  accuracy 0.961 (val 0.955)  52340 samples/s` within 80 columns:
+    the rate is shortened, then left out, and values that still do not fit go on indented lines below."""
+    lines, rate = [f"epoch {row['epoch']}/{epochs}"], row["samples_per_s"]
+    for item in epoch_values(row):
+        if len(lines[-1]) + 2 + len(item) <= COLUMNS:
+            lines[-1] += "  " + item
+        else:
+            lines.append("    " + item)
+    for suffix in (f"  {rate:.0f} samples/s", f"  {rate:.0f}/s"):
+        if len(lines[-1] + suffix) <= COLUMNS:
+            lines[-1] += suffix
+            break
+    return "\n".join(lines)
+
+
+def start_lines(run_id: str, config: Config, ranks: int) -> list[str]:
+    """The run's identity, how the global batch is made, and where its files go: two short lines."""
+    micro = config.accumulate_steps
+    return [
+        f"run {run_id}: global batch {config.global_batch_size} = {ranks} rank{plural(ranks)} x "
+        f"{micro} micro-batch{plural(micro, 'es')} x {config.micro_batch}",
+        f"output in {shown_path(config.output_dir)}",
+    ]
+
+
+def plural(count: int, ending: str = "s") -> str:
+    return "" if count == 1 else ending
+
+
+def wrapped(message: str, stream=None, width: int | None = None, indent: str = "  ") -> str:
+    """A long message broken at spaces to the console's width, continuation lines indented; unchanged when
+    the stream (stderr by default) is not a terminal: a log file or a pipe keeps one line per message."""
+    if width is None:
+        if not (stream or sys.stderr).isatty():
+            return message
+        width = shutil.get_terminal_size((COLUMNS, 24)).columns
+    return "\n".join(
+        textwrap.fill(line, width=max(width, 40), subsequent_indent=indent, break_on_hyphens=False)
+        for line in message.splitlines()
+    )
+
+
+# The bar's own fields first: the postfix (epoch, loss) comes last and the bar itself shrinks to fit.
+BAR_FORMAT = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
 def progress_bar(total: int, done: int) -> tqdm | None:
-    """Rank 0's bar, only on a terminal (a CI log or a file gets the epoch lines alone)."""
+    """Rank 0's bar, only on a terminal (a CI log or a file gets the epoch lines alone); it follows the
+    window's width, and at 80 columns still shows the time left, steps/s and the last epoch's loss."""
     if not sys.stdout.isatty():
         return None
-    return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True)
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True, bar_format=BAR_FORMAT, file=sys.stdout)
+
+
+def show_epoch(progress: tqdm | None, row: dict, epochs: int) -> None:
+    """The bar's postfix after an epoch: where it stands and the loss; more values when the window is wide."""
+    if progress is None:
+        return
+    fields = f"loss {number(row['loss'])}, epoch {row['epoch']}/{epochs}"  # cut from the right when too long
+    if shutil.get_terminal_size((COLUMNS, 24)).columns >= COLUMNS + 20:
+        values = [item.split(" (val")[0] for item in epoch_values(row)[:3]]
+        fields = ", ".join([*values, f"epoch {row['epoch']}/{epochs}"])
+    progress.set_postfix_str(fields)

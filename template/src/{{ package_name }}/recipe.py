@@ -6,7 +6,8 @@ the ranks, checkpoints and logs. Point `recipe` in configs/train.toml at another
 module to keep several recipes side by side. docs/make-it-your-own.md walks through
 swapping in your own model, Dataset and optimizer.
 
-Every function gets the run's Config (configs/train.toml plus flags). Batches are
+Every function gets the run's Config (configs/train.toml plus flags). Your own settings live in
+[recipe] there and arrive as `config.settings` (here lr, momentum and samples). Batches are
 `(inputs, targets)`: inputs go to the rank's first device, targets to its last.
 """
 
@@ -27,9 +28,10 @@ METRIC = "accuracy"
 
 def datasets(config: Config) -> tuple[Dataset, Dataset]:
     """(training, validation). Every rank calls this, so keep it deterministic (seeded) or load from disk."""
-    validation = max(1, config.samples // 4)
-    every = make_dataset(config.samples + validation, config.seed)  # one teacher for both splits
-    return Subset(every, range(config.samples)), Subset(every, range(config.samples, len(every)))
+    samples = config.settings["samples"]
+    validation = max(1, samples // 4)
+    every = make_dataset(samples + validation, config.seed)  # one teacher for both splits
+    return Subset(every, range(samples)), Subset(every, range(samples, len(every)))
 
 
 def model(config: Config, devices: tuple[torch.device, ...]) -> nn.Module:
@@ -41,7 +43,7 @@ def model(config: Config, devices: tuple[torch.device, ...]) -> nn.Module:
 
 
 def optimizer(model: nn.Module, config: Config) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+    return torch.optim.SGD(model.parameters(), lr=config.settings["lr"], momentum=config.settings["momentum"])
 
 
 def schedule(optimizer: torch.optim.Optimizer, config: Config, total_steps: int):

@@ -63,9 +63,13 @@ def first_line(error: BaseException) -> str:
 
 # -- in every rank -------------------------------------------------------------
 def probe_rank(config: Config, info) -> int:
-    """One rank of the probe: each part's outcome goes to <output_dir>/probe/rank<N>.json (a part that fails
-    does not stop the others)."""
+    """One rank of the probe (rank.run_smoke_probe): each part's outcome goes to <output_dir>/probe/rank<N>.json,
+    and a part that fails does not stop the others. The model, loaders and step are the engine's own (Trainer)."""
+    import logging
+
     import torch
+
+    from .rank import build_trainer
 
     die_with_the_launcher()
     ignore_interrupts_in_children()
@@ -77,9 +81,12 @@ def probe_rank(config: Config, info) -> int:
     init_process_group(config, info)
     found: dict = {"rank": info.rank, "devices": [str(device) for device in devices]}
     try:
+        trainer = None
         for name, part in (("collective", _collective), ("step", _step), ("bare", _bare_loop)):
             try:
-                found[name] = part(config, info, devices)
+                if name != "collective" and trainer is None:
+                    trainer = build_trainer(config, info, logging.getLogger(f"{__package__}.smoke"))
+                found[name] = part(config, info, devices, trainer)
             except Exception as error:  # noqa: BLE001 - reported as that part's FAIL, with its message
                 found[name] = {"error": first_line(error)}
     finally:
@@ -90,7 +97,7 @@ def probe_rank(config: Config, info) -> int:
     return 0
 
 
-def _collective(config: Config, info, devices) -> dict:
+def _collective(config: Config, info, devices, trainer) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -100,28 +107,19 @@ def _collective(config: Config, info, devices) -> dict:
     return {"sum": total.item(), "expected": info.world_size * (info.world_size + 1) / 2}
 
 
-def _batch(config: Config, devices):
-    import importlib
-
-    from torch.utils.data import default_collate
-
-    recipe = importlib.import_module(config.recipe)
-    train_set = recipe.datasets(config)[0]
-    inputs, targets = default_collate([train_set[index] for index in range(config.micro_batch)])
-    return recipe, inputs.to(devices[0]), targets.to(devices[-1])
-
-
-def _autocast(config: Config, devices):
-    import contextlib
-
-    import torch
-
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
-    return torch.autocast(devices[-1].type, dtype=dtype) if dtype else contextlib.nullcontext()
+def _one_step(trainer, batch) -> tuple:
+    """The engine's step on one batch under the precision, with its scaler: (loss, whether the gradients are finite)."""
+    trainer.optimizer.zero_grad(set_to_none=True)
+    with trainer.autocast():
+        loss = trainer.step(trainer.model, batch)[0]
+    trainer.scaler.scale(loss).backward()
+    finite = all(p.grad is None or bool(p.grad.isfinite().all()) for p in trainer.model.parameters())
+    trainer.scaler.step(trainer.optimizer)
+    trainer.scaler.update()
+    return loss, finite
 
 
-def _step(config: Config, info, devices) -> dict:
-    """One forward, backward and optimizer step of the recipe's model under the precision, outside DDP."""
+def _step(config: Config, info, devices, trainer) -> dict:
     import torch
 
     if config.device == "cuda" and config.precision == "bf16":
@@ -129,59 +127,31 @@ def _step(config: Config, info, devices) -> dict:
         problem = bf16_problem(own)
         if problem:
             return {"error": problem}
-    recipe, inputs, targets = _batch(config, devices)
-    torch.manual_seed(config.seed)
-    model = recipe.model(config, devices)
-    optimizer = recipe.optimizer(model, config)
-    scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16")
-    with _autocast(config, devices):
-        outputs = model(inputs)
-        loss = recipe.loss(outputs, targets)
-    scaler.scale(loss).backward()
-    gradients_finite = all(p.grad is None or bool(p.grad.isfinite().all()) for p in model.parameters())
-    scaler.step(optimizer)
-    scaler.update()
+    loss, finite = _one_step(trainer, next(iter(trainer.train_data)))
     return {
         "loss": loss.item(),
-        "outputs": str(outputs.dtype).replace("torch.", ""),
-        "finite": math.isfinite(loss.item()) and gradients_finite,
-        "parameter_devices": sorted({str(p.device) for p in model.parameters()}),
+        "finite": math.isfinite(loss.item()) and finite,
+        "parameter_devices": sorted({str(p.device) for p in trainer.model.parameters()}),
     }
 
 
-def _bare_loop(config: Config, info, devices) -> dict:
-    """The recipe's model, optimizer and loss in DDP on the same devices, one fixed batch: nothing else."""
+def _bare_loop(config: Config, info, devices, trainer) -> dict:
+    """The same model, optimizer and step in DDP on one batch kept on the devices: no loader, totals or schedule."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    recipe, inputs, targets = _batch(config, devices)
-    torch.manual_seed(config.seed)
-    model = recipe.model(config, devices)
-    single_gpu = len(devices) == 1 and devices[0].type == "cuda"
-    wrapped = DistributedDataParallel(model, device_ids=[devices[0]] if single_gpu else None)
-    optimizer = recipe.optimizer(model, config)
-    scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16")
-
-    def one_step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with _autocast(config, devices):
-            loss = recipe.loss(wrapped(inputs), targets)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-
+    batch = trainer.on_devices(next(iter(trainer.train_data)))
     for _ in range(3):
-        one_step()
+        _one_step(trainer, batch)
     synchronize = torch.cuda.synchronize if devices[0].type == "cuda" else lambda: None
     synchronize()
     started = time.perf_counter()
     for _ in range(BARE_STEPS):
-        one_step()
+        _one_step(trainer, batch)
     synchronize()
     slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=devices[-1])
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return {"samples_per_s": BARE_STEPS * len(targets) * info.world_size / slowest.item()}
+    return {"samples_per_s": BARE_STEPS * config.micro_batch * info.world_size / slowest.item()}
 
 
 # -- in the doctor ---------------------------------------------------------------
@@ -200,14 +170,16 @@ def smoke_config(config: Config, output_dir: Path) -> tuple[Config, list[str]]:
                 f"{as_flags(fitted)}"
             )
     config = dataclasses.replace(config, **fitted)
-    steps = config.global_batch_size * STEPS_PER_EPOCH
+    settings = dict(config.settings)
+    if "samples" in settings:  # the seed recipe's data set: 10 steps per epoch (a recipe of your own sizes its own)
+        settings["samples"] = config.global_batch_size * STEPS_PER_EPOCH
     smoke = dataclasses.replace(
         config,
+        settings=settings,
         nnodes=1,
         node_rank=0,
         master_addr="127.0.0.1",
         epochs=2,
-        samples=steps,
         checkpoint_every=0,
         keep_checkpoints=2,
         output_dir=str(output_dir),
@@ -248,7 +220,7 @@ class Captured:
         return " ".join(line[len("error: ") :] for line in new.splitlines() if line.startswith("error: "))
 
 
-def run_phase(config: Config, output: Captured, program=None) -> tuple[int, str]:
+def run_phase(config: Config, output: Captured, program: tuple = ("run_rank",)) -> tuple[int, str]:
     with output:
         status = spawn(config, program)
     return status, output.errors() or f"the ranks exited with status {status}"
@@ -304,8 +276,7 @@ def probe_steps(config: Config, status: int, error: str) -> list[Step]:
         Step(
             f"a step under {precision}",
             step_ok,
-            step.get("error")
-            or f"loss {step['loss']:.4f}, outputs {step['outputs']}, gradients finite: {step['finite']}",
+            step.get("error") or f"loss {step['loss']:.4f}, gradients finite: {step['finite']}",
             "--precision no trains in fp32; under fp16 or bf16 a loss computed in fp32 (recipe.loss) avoids overflow"
             if "error" not in step
             else step["error"].split("fix: ")[-1],
@@ -440,7 +411,7 @@ def run_steps(config: Config, folder: Path) -> list[Step]:
         flush=True,
     )
     output = Captured(folder / "output.log")
-    steps = probe_steps(smoke, *run_phase(smoke, output, probe_rank))
+    steps = probe_steps(smoke, *run_phase(smoke, output, ("run_smoke_probe",)))
     probe_ranks = [json.loads(path.read_text(encoding="utf-8")) for path in (folder / "probe-run" / PROBE).glob("*")]
     run, again = folder / "run", folder / "resumed"
     trained = run_phase(dataclasses.replace(smoke, output_dir=str(run)), output)

@@ -14,6 +14,7 @@ trainer.py owns the loop, checkpoints, validation and the run's records.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -29,21 +30,31 @@ from .distributed import (
     torchrun_rank,
     under_torchrun,
 )
+from .logs import wrapped
 
 PROG = f"python -m {__package__}.train"
 
 
+# scripts/train.* name themselves here (as the user typed them) and pass --config first.
+LAUNCHER_VARIABLE = "DDP_LAUNCHER"
+
+
 def resume_command(argv: list[str] | None) -> str:
-    """The command that was run, with --resume auto instead of any --resume it had."""
+    """The command that was run, with --resume auto instead of any --resume it had: the launcher script and
+    the user's own arguments when a launcher started this, else this module with every argument."""
     args, kept = list(sys.argv[1:] if argv is None else argv), []
+    launcher = os.environ.get(LAUNCHER_VARIABLE)
+    if launcher and args[:1] == ["--config"]:
+        args = args[2:]  # the launcher's own --config, which it passes again
     while args:
         arg = args.pop(0)
         if arg == "--resume" and args:
             args.pop(0)
         elif not arg.startswith("--resume="):
             kept.append(arg)
-    command = [*PROG.split(), *kept, "--resume", "auto"]
-    return subprocess.list2cmdline(command) if sys.platform == "win32" else shlex.join(command)
+    rest = [*kept, "--resume", "auto"]
+    line = subprocess.list2cmdline if sys.platform == "win32" else shlex.join
+    return f"{launcher} {line(rest)}" if launcher else line([*PROG.split(), *rest])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
             return rank_program()(torchrun_layout(config), torchrun_rank())
         status = spawn(config)
         if status == INTERRUPTED:
-            print(f"to continue from the newest checkpoint: {resume_command(argv)}", file=sys.stderr, flush=True)
+            print(
+                wrapped(f"to continue from the newest checkpoint: {resume_command(argv)}"), file=sys.stderr, flush=True
+            )
         return status
     except LaunchError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(wrapped(f"error: {error}"), file=sys.stderr)
         return 1
 
 

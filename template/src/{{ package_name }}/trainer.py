@@ -17,10 +17,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, faults, records, rng
+from . import checkpoint, faults, records, rng, scalars
 from .config import Config
 from .distributed import LaunchError, RankInfo, devices_for, restart_count
-from .logs import progress_bar
+from .loaders import map_tensors, samples_in, to_device
+from .logs import epoch_line, progress_bar, show_epoch, shown_path, start_lines
 
 
 class NonFiniteLoss(RuntimeError):
@@ -44,32 +45,90 @@ def listen_for_stop_requests() -> None:
 
 
 class Totals:
-    """Loss, metric and sample count summed over batches, without a device sync per batch.
+    """What a recipe reports per batch, summed over batches in fp64, without a device sync per batch.
 
-    Each batch's tensors wait in a list; they are summed in fp64 when asked (and every 1024
-    batches): one stack and one dot product instead of several small operations per step.
+    `means` are the batch's per-sample means (the loss, values a training_step logs): weighted by the batch's
+    samples. `sums` are sums already (metric(), validation_step's counts), of any shape. Each batch's tensors
+    wait in lists and are folded when asked (and every 1024 batches): one stack per name, not several small
+    operations per step.
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.folded = torch.zeros(3, dtype=torch.float64, device=device)
-        self.losses, self.scores, self.counts = [], [], []
+        self.device = device
+        self.folded: dict[str, torch.Tensor] = {}
+        self.samples = torch.zeros((), dtype=torch.float64, device=device)
+        self.counts: list[int] = []
+        self.means: dict[str, list] = {}
+        self.sums: dict[str, list] = {}
 
-    def add(self, mean_loss: torch.Tensor, score: torch.Tensor, samples: int) -> None:
-        self.losses.append(mean_loss.detach())
-        self.scores.append(score.detach())
+    def add(self, samples: int, means: dict, sums: dict) -> None:
         self.counts.append(samples)
+        for waiting, values in ((self.means, means), (self.sums, sums)):
+            for name, value in values.items():
+                waiting.setdefault(name, []).append(as_tensor(value, self.device))
         if len(self.counts) == 1024:
-            self.sums()
+            self.fold()
 
-    def sums(self) -> torch.Tensor:
-        """(loss x samples, metric, samples), summed so far."""
+    def fold(self) -> dict[str, torch.Tensor]:
+        """{name: sum so far} (a mean times its batch's samples); `self.samples` the samples so far."""
         if self.counts:
-            counts = torch.tensor(self.counts, dtype=torch.float64, device=self.folded.device)
-            self.folded[0] += torch.stack(self.losses).double() @ counts
-            self.folded[1] += torch.stack(self.scores).double().sum()
-            self.folded[2] += counts.sum()
-            self.losses, self.scores, self.counts = [], [], []
+            counts = torch.tensor(self.counts, dtype=torch.float64, device=self.device)
+            for name, values in self.means.items():
+                self.folded[name] = self.folded.get(name, 0) + torch.stack(values).double() @ counts
+            for name, values in self.sums.items():
+                self.folded[name] = self.folded.get(name, 0) + torch.stack(values).double().sum(0)
+            self.samples += counts.sum()
+            self.counts, self.means, self.sums = [], {}, {}
         return self.folded
+
+    def layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        return [(name, tuple(value.shape)) for name, value in self.fold().items()]
+
+
+def as_tensor(value, device: torch.device) -> torch.Tensor:
+    """A reported value, detached, on the device of the totals: a tensor of any shape, or a Python number."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device, non_blocking=True)
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+
+def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], float]]:
+    """Every rank's totals summed over all ranks in fp64, in one all-reduce: [({name: sum}, samples), ...].
+
+    The names and shapes come from every rank (a rank may have had no validation batch), so all ranks
+    pack the same vector; gloo cannot AVG reliably (nor bf16): sum fp64 here, divide later.
+    """
+    layouts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(layouts, [part.layout() for part in totals])
+    merged = [dict(kv for layout in layouts for kv in layout[index]) for index in range(len(totals))]
+    device = totals[0].device
+    pieces = []
+    for part, names in zip(totals, merged):
+        for name, shape in names.items():
+            value = part.folded.get(name)
+            pieces.append(value.reshape(-1) if value is not None else torch.zeros(math.prod(shape), device=device))
+        pieces.append(part.samples.reshape(1))
+    flat = torch.cat([piece.double() for piece in pieces])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    results, start = [], 0
+    for names in merged:
+        sums = {}
+        for name, shape in names.items():
+            size = math.prod(shape)
+            sums[name] = flat[start : start + size].reshape(shape).cpu()
+            start += size
+        results.append((sums, float(flat[start])))
+        start += 1
+    return results
+
+
+def validation_metrics(recipe, sums: dict[str, torch.Tensor], samples: float) -> dict[str, float]:
+    """Each scalar sum per sample (the loss, metric()'s count), then what the recipe's metrics(sums) computes."""
+    values = {name: float(total) / max(samples, 1) for name, total in sums.items() if total.dim() == 0}
+    if hasattr(recipe, "metrics"):  # from the global sums: exact for any world size and batch size
+        found = recipe.metrics({**sums, "samples": torch.tensor(samples, dtype=torch.float64)})
+        values.update({name: float(value) for name, value in found.items()})
+    return values
 
 
 def restore_scaler(scaler, saved_precision: str | None, precision: str, saved_state: dict, log) -> None:
@@ -110,6 +169,11 @@ class Trainer:
         self.run_id, self.best = "", None  # best: (value, epoch) of best_metric so far
         self.resumed = False  # marks the first epoch after a resume in metrics.csv (and the plot)
         self.crash_at = faults.crash_step(info.rank)
+        # The recipe's optional functions; without them, (inputs, targets) batches with loss and metric.
+        self.step = self.custom_step if hasattr(recipe, "training_step") else self.pair_step
+        self.validation_step = getattr(recipe, "validation_step", None)
+        self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+        self.grad_norms: list[torch.Tensor] = []  # this epoch's, before clipping (max_grad_norm > 0)
 
     # -- state -------------------------------------------------------------
     def state(self) -> dict:
@@ -190,15 +254,19 @@ class Trainer:
             return
         self.load_state(state or checkpoint.load(Path(picked[0])))
         self.resumed = True
-        self.log.info(f"resumed from {picked[0]}: {self.where_training_continues()}")
+        # The start line names the output folder: a checkpoint in it is named by its file name alone.
+        picked_path = Path(picked[0])
+        in_output = picked_path.parent.resolve() == checkpoint.directory(self.output_dir).resolve()
+        shown = picked_path.name if in_output else shown_path(picked_path)
+        self.log.info(f"resumed from {shown}: {self.where_training_continues()}")
 
     def where_training_continues(self) -> str:
         if self.epoch >= self.config.epochs:
             return f"all {self.config.epochs} epochs were already trained"
         if self.step_in_epoch:
             return (
-                f"continuing in epoch {self.epoch + 1}/{self.config.epochs} at step {self.step_in_epoch + 1} "
-                f"of {self.steps_per_epoch}"
+                f"continuing at epoch {self.epoch + 1}/{self.config.epochs}, "
+                f"step {self.step_in_epoch + 1}/{self.steps_per_epoch}"
             )
         return f"continuing at epoch {self.epoch + 1}/{self.config.epochs}"
 
@@ -215,7 +283,8 @@ class Trainer:
         dist.barrier()
 
     def save_mid_epoch(self, training: Totals) -> None:
-        so_far = training.sums()[0].clone()
+        so_far = training.fold().get("loss", torch.zeros((), dtype=torch.float64, device=self.devices[-1]))
+        so_far = so_far.reshape(1).clone()
         dist.all_reduce(so_far, op=dist.ReduceOp.SUM)
         self.stop_if_not_finite(so_far.item())
         self.save()
@@ -244,19 +313,48 @@ class Trainer:
             return contextlib.nullcontext()  # entering a disabled autocast still costs time every step
         return torch.autocast(self.devices[-1].type, dtype=self.autocast_dtype)
 
+    def on_devices(self, batch):
+        """The batch on this rank's device; an (inputs, targets) pair of the split model: targets on its last."""
+        if len(self.devices) > 1 and isinstance(batch, (tuple, list)) and len(batch) == 2:
+            return type(batch)((to_device(batch[0], self.devices[0]), to_device(batch[1], self.devices[-1])))
+        return to_device(batch, self.devices[0])
+
+    def pair_step(self, model, batch) -> tuple[torch.Tensor, dict, dict, int]:
+        """A recipe without training_step: (inputs, targets) batches, `loss` and `metric`."""
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            raise TypeError(
+                f"the recipe has no training_step, so each batch must be an (inputs, targets) pair, got a "
+                f"{type(batch).__name__}{f' of {len(batch)}' if isinstance(batch, (tuple, list)) else ''}; define "
+                "training_step(model, batch) in the recipe to take batches of any structure "
+                "(docs/make-it-your-own.md)"
+            )
+        inputs, targets = batch
+        targets = to_device(targets, self.devices[-1])
+        outputs = model(to_device(inputs, self.devices[0]))
+        loss = self.recipe.loss(outputs, targets)
+        detached = outputs.detach() if isinstance(outputs, torch.Tensor) else map_tensors(outputs, torch.detach)
+        return loss, {}, {self.recipe.METRIC: self.recipe.metric(detached, targets)}, samples_in(targets)
+
+    def custom_step(self, model, batch) -> tuple[torch.Tensor, dict, dict, int]:
+        """The recipe's training_step: the batch's mean loss, or (loss, {name: value to log})."""
+        result = self.recipe.training_step(model, self.on_devices(batch))
+        loss, logged = result if isinstance(result, tuple) else (result, {})
+        return loss, logged, {}, samples_in(batch)
+
     def run_step(self, batches, totals: Totals) -> None:
         """One optimizer step over accumulate_steps micro-batches; gradients are all-reduced on the last only."""
         self.optimizer.zero_grad(set_to_none=True)
         parts = self.config.accumulate_steps
         for micro in range(parts):
-            inputs, targets = next(batches)
-            targets = targets.to(self.devices[-1], non_blocking=True)
             with contextlib.nullcontext() if micro == parts - 1 else self.model.no_sync():
                 with self.autocast():
-                    outputs = self.model(inputs.to(self.devices[0], non_blocking=True))
-                    loss = self.recipe.loss(outputs, targets)
+                    loss, logged, sums, samples = self.step(self.model, next(batches))
                 self.scaler.scale(loss if parts == 1 else loss / parts).backward()
-            totals.add(loss, self.recipe.metric(outputs.detach(), targets), len(targets))
+            totals.add(samples, {"loss": loss, **logged}, sums)
+        if self.config.max_grad_norm:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
+            # The gradients are all-reduced, so every rank computes the same norm; over both devices of a split model.
+            self.grad_norms.append(torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm))
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
@@ -266,13 +364,21 @@ class Trainer:
         """This rank's share of the validation set, every sample exactly once over all ranks."""
         module = self.model.module  # no collectives: ranks may hold one sample more or less
         module.eval()
-        for inputs, targets in self.val_data:
-            targets = targets.to(self.devices[-1], non_blocking=True)
+        for batch in self.val_data:
             with self.autocast():
-                outputs = module(inputs.to(self.devices[0], non_blocking=True))
-                loss = self.recipe.loss(outputs, targets)
-            totals.add(loss, self.recipe.metric(outputs, targets), len(targets))
+                if self.validation_step is not None:
+                    totals.add(samples_in(batch), {}, self.validation_step(module, self.on_devices(batch)))
+                else:
+                    loss, logged, sums, samples = self.step(module, batch)
+                    totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
+
+    def evaluate(self) -> dict[str, float]:
+        """The validation metrics of the model as it is, over all ranks (what each epoch's val_ columns hold)."""
+        totals = Totals(self.devices[-1])
+        self.validate(totals)
+        ((sums, samples),) = all_reduced([totals])
+        return {"samples": samples, **validation_metrics(self.recipe, sums, samples)}
 
     def run_epoch(self, epoch: int, progress) -> None:
         sampler = self.train_data.sampler
@@ -299,32 +405,61 @@ class Trainer:
                 raise StopRequested(self.stopped_at())
         seconds = time.perf_counter() - started
         self.validate(validation)
-        sums = torch.cat([training.sums(), validation.sums()])  # one all-reduce for both
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # gloo cannot AVG reliably (nor bf16): sum fp64, then divide
-        self.stop_if_not_finite(sums[0].item())
+        (trained, seen), (validated, val_seen) = all_reduced([training, validation])  # one all-reduce for both
+        self.stop_if_not_finite(float(trained.get("loss", 0.0)))
         self.epoch, self.step_in_epoch = epoch + 1, 0
+        row = self.epoch_row(trained, seen, validated, val_seen, seconds)
+        self.resumed = False
+        improved = self.track_best(row)  # on every rank: the rows are equal, and early stopping needs it everywhere
         every = self.config.checkpoint_every
         stop = self.stop_agreed()
-        if not every or self.global_step % every == 0 or stop:
-            self.save()
-        loss, metric, seen, val_loss, val_metric, val_seen = sums.tolist()
-        name = self.recipe.METRIC
-        row = {
-            "epoch": self.epoch,
-            "step": self.global_step,
-            "loss": round(loss / seen, 6),
-            name: round(metric / seen, 4),
-            "val_loss": round(val_loss / max(val_seen, 1), 6),
-            f"val_{name}": round(val_metric / max(val_seen, 1), 4),
-            "lr": f"{self.scheduler.get_last_lr()[0]:.6g}",
-            "samples_per_s": round(seen / seconds, 1) if seconds > 0 else math.inf,
-            "resumed": int(self.resumed),
-        }
-        self.resumed = False
+        if not every or self.global_step % every == 0 or stop or self.early_stop_reason():
+            self.save()  # holds best (value, epoch) with this epoch's row counted
         if self.info.rank == 0:
-            self.record_epoch(row, progress)
+            self.record_epoch(row, progress, improved)
         if stop:
             raise StopRequested(self.stopped_at())
+
+    def epoch_row(self, trained: dict, seen: float, validated: dict, val_seen: float, seconds: float) -> dict:
+        """The epoch's metrics.csv row: training means, validation metrics, lr, grad_norm, speed."""
+        row = {"epoch": self.epoch, "step": self.global_step}
+        for name, total in trained.items():
+            row[name] = round(float(total) / max(seen, 1), 6 if name == "loss" else 4)
+        for name, value in validation_metrics(self.recipe, validated, val_seen).items():
+            row[f"val_{name}"] = round(float(value), 6 if name == "loss" else 4)
+        row["lr"] = f"{self.scheduler.get_last_lr()[0]:.6g}"
+        if self.grad_norms:
+            norms = torch.stack(self.grad_norms).double()
+            row["grad_norm"] = round(float(norms[norms.isfinite()].mean()), 6)  # fp16 overflow steps are skipped
+            self.grad_norms = []
+        row["samples_per_s"] = round(seen / seconds, 1) if seconds > 0 else math.inf
+        row["resumed"] = int(self.resumed)
+        return row
+
+    def track_best(self, row: dict) -> bool:
+        """Whether this epoch's best_metric is the best so far (the first epoch on a tie); updates self.best."""
+        name = self.config.best_metric
+        if name not in row:
+            columns = [column for column in row if column not in ("epoch", "step", "lr", "samples_per_s", "resumed")]
+            raise LaunchError(
+                f"best_metric {name!r} is not a metrics.csv column; this recipe's columns are {', '.join(columns)}"
+            )
+        value, sign = row[name], 1 if self.config.best_mode == "min" else -1
+        if self.best is None or sign * value < sign * self.best[0]:
+            self.best = (value, row["epoch"])
+            return True
+        return False
+
+    def early_stop_reason(self) -> str | None:
+        """Why training ends now: best_metric has not improved for early_stop_patience epochs (None: go on)."""
+        patience = self.config.early_stop_patience
+        if not patience or self.best is None or self.epoch - self.best[1] < patience:
+            return None
+        value, epoch = self.best
+        return (
+            f"stopped early after epoch {self.epoch}: {self.config.best_metric} has not improved for {patience} "
+            f"epoch(s) since epoch {epoch} ({value}); best.pt holds epoch {epoch}, model.pt epoch {self.epoch}"
+        )
 
     def stopped_at(self) -> str:
         return (
@@ -332,26 +467,17 @@ class Trainer:
             "is saved, and --resume auto continues from it"
         )
 
-    def record_epoch(self, row: dict, progress) -> None:
-        name = self.recipe.METRIC
-        self.log.info(
-            f"epoch {row['epoch']}/{self.config.epochs}  loss {row['loss']:.4f}  {name} {row[name]:.3f}  "
-            f"val_loss {row['val_loss']:.4f}  val_{name} {row['val_' + name]:.3f}  ({row['samples_per_s']} samples/s)"
-        )
-        if progress is not None:
-            progress.set_postfix(epoch=row["epoch"], loss=row["loss"], acc=row[name], samples_s=row["samples_per_s"])
+    def record_epoch(self, row: dict, progress, improved: bool) -> None:
+        """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy) and best.pt."""
+        self.log.info(epoch_line(row, self.config.epochs))
+        show_epoch(progress, row, self.config.epochs)
         records.append_metrics(self.output_dir / records.METRICS, row)
-        value, sign = row[self.config.best_metric], 1 if self.config.best_mode == "min" else -1
-        if self.best is None or sign * value < sign * self.best[0]:
-            self.best = (value, row["epoch"])
-            checkpoint.save_atomic(
-                {
-                    "model": checkpoint.on_cpu(self.model.module.state_dict()),
-                    "epoch": row["epoch"],
-                    self.config.best_metric: value,
-                },
-                self.output_dir / "best.pt",
-            )
+        if self.config.tensorboard:
+            scalars.write(self.output_dir, row)
+        if improved:
+            name = self.config.best_metric
+            best = {"model": checkpoint.on_cpu(self.model.module.state_dict()), "epoch": row["epoch"], name: row[name]}
+            checkpoint.save_atomic(best, self.output_dir / "best.pt")
 
     def fit(self) -> None:
         self.resume()
@@ -359,16 +485,18 @@ class Trainer:
             records.write_run_record(
                 self.output_dir, self.run_id, self.info.world_size, restart_count(), vars(self.config)
             )
-            self.log.info(
-                f"run {self.run_id}: global batch {self.config.global_batch_size} = "
-                f"{self.info.world_size} rank(s) x {self.config.accumulate_steps} micro-batch(es) x "
-                f"{self.config.micro_batch}; output in {self.output_dir}"
-            )
+            for line in start_lines(self.run_id, self.config, self.info.world_size):
+                self.log.info(line)
         progress = (
             progress_bar(self.total_steps, self.global_step) if self.info.rank == 0 and self.config.progress else None
         )
         try:
             for epoch in range(self.epoch, self.config.epochs):
+                stop = self.early_stop_reason()
+                if stop:
+                    if self.info.rank == 0:
+                        self.log.info(stop)
+                    break
                 self.run_epoch(epoch, progress)
         finally:
             if progress is not None:
@@ -377,5 +505,5 @@ class Trainer:
             checkpoint.save_atomic(
                 {"model": checkpoint.on_cpu(self.model.module.state_dict())}, self.output_dir / "model.pt"
             )
-            self.log.info(f"done: {self.global_step} steps; model saved to {self.output_dir / 'model.pt'}")
+            self.log.info(f"done: {self.global_step} steps; model saved to {shown_path(self.output_dir / 'model.pt')}")
         dist.barrier()

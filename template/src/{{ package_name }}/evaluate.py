@@ -1,0 +1,101 @@
+"""Score a trained model: python -m <package>.evaluate --checkpoint PATH [--split val|test] [--nproc-per-node N]
+
+PATH is best.pt, model.pt or a step checkpoint. The recipe's validation (validation_step and metrics,
+or loss and metric) runs over the whole split, shared among the ranks, with every sample counted once;
+the sums are added over all ranks, so 1 rank and 2 ranks give the same numbers. --split test takes the
+recipe's test_dataset(config). The metrics are printed and written as JSON beside the checkpoint
+(best.pt -> best.val.json).
+
+The settings are the run's own, from the run.json beside the checkpoint (or configs/train.toml where
+there is none); any training flag overrides one. The ranks start as training's do: spawned here, or
+joined under torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from . import config as settings
+from .distributed import LaunchError, exit_now, rank_program, spawn, torchrun_layout, torchrun_rank, under_torchrun
+from .records import RUN_RECORD
+
+PROG = f"python -m {__package__}.evaluate"
+SETTING_NAMES = {field.name for field in dataclasses.fields(settings.Config)}
+
+
+def run_folder(checkpoint: Path) -> Path:
+    """The output folder a checkpoint belongs to: its own folder, or the one above checkpoints/."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+
+
+def run_settings(checkpoint: Path, config_file: Path) -> settings.Config:
+    """The settings the checkpoint was trained with (run.json), on top of config_file for any it lacks."""
+    base = settings.load(config_file)
+    record = run_folder(checkpoint) / RUN_RECORD
+    if not record.is_file():
+        return base
+    trained = json.loads(record.read_text(encoding="utf-8")).get("config", {})
+    return dataclasses.replace(base, **{name: value for name, value in trained.items() if name in SETTING_NAMES})
+
+
+def result_path(checkpoint: Path, split: str) -> Path:
+    return checkpoint.with_name(f"{checkpoint.stem}.{split}.json")
+
+
+def from_command_line(argv: list[str] | None) -> tuple[settings.Config, Path, str]:
+    """(settings, checkpoint, split); exits with status 2 and a one-line reason on bad input."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--checkpoint", type=Path)
+    first.add_argument("--config", type=Path, default=settings.DEFAULT_CONFIG)
+    known, _ = first.parse_known_args(argv)
+    parser = settings.build_parser(PROG)
+    try:
+        config = run_settings(known.checkpoint, known.config) if known.checkpoint else settings.load(known.config)
+    except (settings.ConfigError, ValueError, TypeError) as error:
+        parser.error(str(error))
+    parser = settings.build_parser(PROG, current=config)
+    parser.description = __doc__.splitlines()[0] + ". Every training flag overrides the run's setting."
+    parser.add_argument("--checkpoint", type=Path, required=True, help="best.pt, model.pt or a step checkpoint")
+    parser.add_argument("--split", choices=("val", "test"), default="val", help="which data set (default: val)")
+    args = vars(parser.parse_args(argv))
+    checkpoint, split = args.pop("checkpoint"), args.pop("split")
+    if not checkpoint.is_file():
+        parser.error(f"checkpoint not found: {checkpoint}")
+    changed = {key: value for key, value in args.items() if value is not None and key in SETTING_NAMES}
+    config = dataclasses.replace(config, **changed, max_restarts=0)  # a failed evaluation is simply run again
+    found = config.problems()
+    if found:
+        parser.error("; ".join(found))
+    return config, checkpoint, split
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, checkpoint, split = from_command_line(argv)
+    target = result_path(checkpoint, split)
+    program = ("run_evaluation", str(checkpoint), split, str(target))
+    try:
+        if under_torchrun():
+            status = rank_program(program[0])(torchrun_layout(config), torchrun_rank(), *program[1:])
+            if torchrun_rank().rank != 0:
+                return status
+        else:
+            status = spawn(config, program)
+    except LaunchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if status != 0:
+        return status
+    result = json.loads(target.read_text(encoding="utf-8"))
+    print(f"{checkpoint} on {result['samples']} {split} samples ({result['world_size']} rank(s)):")
+    for name, value in result["metrics"].items():
+        print(f"  {name} {value:.6g}")
+    print(f"wrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    exit_now(main())
