@@ -47,6 +47,7 @@ EDITS = {
     "python_version": '"3.12"',
     "launcher": '"torchrun"',
     "torch_index_url": '"https://mirrors.nju.edu.cn/pytorch/whl/cpu"',
+    "cuda_tags": '["cu126"]',
 }
 # Settings with no other valid value on a CPU-only machine alone: gloo on the CPU, one machine, no GPUs.
 NO_ALTERNATIVE = {"backend", "device", "nnodes", "node_rank", "master_addr", "gpus_per_node", "cuda"}

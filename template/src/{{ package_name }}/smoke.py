@@ -187,6 +187,7 @@ def smoke_config(config: Config, output_dir: Path) -> tuple[Config, list[str]]:
         overwrite=False,
         progress=False,
         max_restarts=0,
+        timeout_s=min(config.timeout_s, 60),  # a rank that hangs fails its step within a minute, not five
     )
     return smoke, notes
 
@@ -236,6 +237,7 @@ def probe_steps(config: Config, status: int, error: str) -> list[Step]:
     if status or len(ranks) < config.world_size:
         fix = error if "fix" in error or "use " in error else f"python -m {__package__}.doctor lists what to change"
         names = ["ranks on their devices", f"a collective over {config.backend}", f"a step under {precision}"]
+        names += ["the split model over 2 devices"] if config.parallelism == "ddp_model_parallel" else []
         return [Step(name, False, f"the probe did not run on all ranks: {error}", fix) for name in names]
     steps = []
     placed = [tuple(found["devices"]) for found in ranks]
