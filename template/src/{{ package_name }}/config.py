@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import difflib
 import math
 import socket
 import sys
@@ -180,6 +181,7 @@ class Config:
 
 
 SETTINGS = [f for f in dataclasses.fields(Config) if f.name not in ("environment", "settings")]
+SETTING_NAMES = [f.name for f in SETTINGS]
 # The ranges of the toy recipe's settings, checked with the engine's before any rank starts; a [recipe]
 # setting of yours with one of these names means the same thing and is held to the same range.
 RECIPE_CHECKS = {"lr": positive_finite, "momentum": momentum_range, "samples": at_least(1)}
@@ -195,21 +197,45 @@ _SECTIONS = ("train", "distributed", "recipe")
 _TOML_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,)}
 
 
-def load(path: Path) -> Config:
-    """Read a TOML config; unknown keys are errors so typos never pass silently."""
+def read_settings_file(path: Path) -> dict:
+    """A TOML file as a Windows editor may save it: UTF-8 with or without a byte-order mark, CRLF or LF."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"--config {path} is a folder; pass the settings file in it, such as {path / 'train.toml'}")
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except OSError as error:
+        raise ConfigError(f"config file {path} cannot be read ({error.strerror or error})") from None
+    try:
+        text = raw.decode("utf-8-sig")  # tomllib reads CRLF itself
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path} is not UTF-8: byte 0x{raw[error.start]:02x} at offset {error.start} (line {line}); "
+            "save the file as UTF-8 (in Notepad: Save as, Encoding UTF-8)"
+        ) from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path} is not valid TOML: {error}") from None
+
+
+def did_you_mean(name: str, known) -> str:
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def load(path: Path) -> Config:
+    """Read a TOML config; unknown keys are errors so typos never pass silently."""
+    data = read_settings_file(path)
     known = {f.name: f for f in dataclasses.fields(Config)}
     values: dict = {"environment": data.pop("environment", {}), "settings": recipe_table(path, data)}
     for section in _SECTIONS[:2]:
         for key, value in data.pop(section, {}).items():
             if key not in known or key in ("environment", "settings"):
-                raise ConfigError(f"{path}: unknown setting [{section}] {key}")
+                raise ConfigError(f"{path}: unknown setting [{section}] {key}{did_you_mean(key, SETTING_NAMES)}")
             values[key] = value
     if data:
         expected = ", ".join((*_SECTIONS, "environment"))
@@ -294,14 +320,20 @@ class _Override(argparse.Action):
 _FLAG_TYPES = {"int": int, "float": float, "str": str}
 
 
+CONFIG_HELP_HINT = "(`{prog} --help` lists every setting)"
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, with its one-line refusal broken to the console's width (logs.wrapped)."""
+    """argparse, with an error as one line (broken to the console's width, logs.wrapped) and a pointer to
+    --help instead of the whole usage (30 lines here)."""
 
     def error(self, message: str):
         from .logs import wrapped
 
-        self.print_usage(sys.stderr)
-        self.exit(2, wrapped(f"{self.prog}: error: {message}") + "\n")
+        if message.startswith("unrecognized arguments: "):
+            flags = [flag for action in self._actions for flag in action.option_strings]
+            message += did_you_mean(message.split()[2].split("=")[0], flags)
+        self.exit(2, f"{wrapped(f'error: {message}')}\n{CONFIG_HELP_HINT.format(prog=self.prog)}\n")
 
 
 def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentParser:
@@ -349,8 +381,12 @@ def from_command_line(argv: list[str] | None, prog: str) -> Config:
     except ConfigError as error:
         build_parser(prog).error(str(error))
     parser = build_parser(prog, current=config)
-    args = vars(parser.parse_args(argv))
-    args.pop("config")
+    return with_flags(config, vars(parser.parse_args(argv)), parser)
+
+
+def with_flags(config: Config, args: dict, parser: argparse.ArgumentParser) -> Config:
+    """`config` with the flags build_parser parsed (`--set` included); exits with status 2 on bad input."""
+    args.pop("config", None)
     settings = config.settings
     try:
         for assignment, typed in args.pop("set") or []:

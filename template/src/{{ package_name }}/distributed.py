@@ -23,12 +23,14 @@ CPU each here).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import gc
 import json
 import logging
 import multiprocessing.connection
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -348,10 +350,9 @@ _heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 # Imported once by the fork server, never by the launcher; importing torch does not initialize CUDA, so
 # the forked ranks can. fork_server comes first: it turns the collector off before torch loads and makes the
-# server exit without tearing torch down. Not torch._dynamo, though DDP's constructor imports it in every rank
-# (about 1 CPU-s each): the server imports alone, before any rank starts, so every launch waits longer (a refusal
-# 2.5 s instead of 1.3) and the CPU it saves comes back as idle time. Every rank imports the project's other
-# modules afresh, as a spawned rank would.
+# server exit without tearing torch down. Not torch._dynamo, though DDP's constructor imports it in every rank:
+# the server imports alone, before any rank starts, so every launch (a refusal too) would wait for it while the
+# other cores idle. Every rank imports the project's other modules afresh, as a spawned rank would.
 PRELOADED = (f"{__package__}.fork_server", "torch")
 
 
@@ -392,9 +393,9 @@ def rank_program(program: str = "run_rank"):
     paused, then everything imported frozen.
 
     torch and the engine live as long as the rank; frozen, they are never walked by its later collections, the
-    first of which run while DDP's constructor imports torch._dynamo. A spawned, torchrun or Slurm rank: `import
-    torch` and `torch._dynamo` 2.5 -> 2.0 CPU-s (docs/performance.md in the template); a fork server's child
-    finds torch frozen already. Only here, never in the launcher: rank.py imports torch; the recipe comes later.
+    first of which run while DDP's constructor imports torch._dynamo, which makes those imports cheaper in a
+    spawned, torchrun or Slurm rank; a fork server's child finds torch frozen already. Only here, never in the
+    launcher: rank.py imports torch; the recipe comes later.
     """
     collecting = gc.isenabled()
     gc.disable()
@@ -443,8 +444,11 @@ def _spawned_rank(
 def exit_now(status: int) -> None:
     """Leave without the interpreter's teardown of torch (about a second per process), once all is written.
 
-    Everything a run keeps was fsynced when it was saved; logs and the console are flushed here.
+    Everything a run keeps was fsynced when it was saved; logs and the console are flushed here. What
+    multiprocessing does at the end of every process it started runs here too: it stops the DataLoader
+    workers and releases their queues' semaphores, which the resource tracker would otherwise report leaked.
     """
+    multiprocessing.util._exit_function()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -463,7 +467,11 @@ def torchrun_rank() -> RankInfo:
 
 RESTART_VARIABLE = "DDP_RESTART_COUNT"  # the spawn path's twin of torchrun's TORCHELASTIC_RESTART_COUNT
 INTERRUPTED = 130  # the shell convention for Ctrl+C
-STOPPED = 75  # EX_TEMPFAIL: stopped on request with a checkpoint saved; run again to continue
+STOPPED = 75  # EX_TEMPFAIL: stopped on SIGUSR1 with a checkpoint saved; run again to continue
+TERMINATED = 143  # 128 + SIGTERM: stopped on SIGTERM (or Ctrl+Break on Windows) with a checkpoint saved
+# What asks the ranks to save and stop: Slurm's warning before a time limit (SIGUSR1), docker stop, Kubernetes
+# and process managers (SIGTERM), Ctrl+Break in a Windows console (SIGBREAK, which every process there gets).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGTERM", "SIGBREAK") if hasattr(signal, name))
 REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
 
 
@@ -496,12 +504,22 @@ def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"restart-{restart_count()}", shared)
 
 
-class _Terminated(Exception):
-    """SIGTERM reached the launcher (a CI cancel, a scheduler): stop the ranks like Ctrl+C."""
+_running: list = []  # the ranks of the current start, for the launcher's signal handler
+_stop_signal = 0  # the signal that asked the launcher to stop its ranks cleanly (0: none)
 
 
-def _raise_terminated(signum, frame) -> None:
-    raise _Terminated
+def _ask_ranks_to_stop(signum, frame) -> None:
+    """SIGTERM (or Ctrl+Break) reached the launcher: pass it on, so the ranks agree, save and stop.
+
+    Windows delivers Ctrl+Break to every process of the console, the ranks too; it has no SIGTERM to pass on.
+    """
+    global _stop_signal
+    first, _stop_signal = not _stop_signal, signum
+    if first and not WINDOWS:
+        for rank in _running:
+            if rank.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank.pid, signal.SIGTERM)
 
 
 def spawn(config: Config, program: tuple = ("run_rank",)) -> int:
@@ -513,12 +531,17 @@ def spawn(config: Config, program: tuple = ("run_rank",)) -> int:
     otherwise non-zero. When one rank fails, the others are stopped, so the
     job never hangs on a dead peer; with max_restarts > 0 all ranks are then
     started again and resume from the newest checkpoint (a refusal is not retried).
-    Ctrl+C (or SIGTERM) stops every rank and returns 130.
+    Ctrl+C stops every rank and returns 130; SIGTERM (Ctrl+Break on Windows) asks them to save a checkpoint
+    and stop, and returns 143.
     """
+    global _stop_signal
+    _stop_signal = 0
     os.environ.update(rendezvous_environment(config))
     if config.nnodes > 1 and config.node_rank == 0:
         check_port_free(config.master_addr, config.master_port)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    warn_about_oversubscription(config)
+    stops = [name for name in ("SIGTERM", "SIGBREAK") if hasattr(signal, name)]
+    previous = {name: signal.signal(getattr(signal, name), _ask_ranks_to_stop) for name in stops}
     try:
         for attempt in range(config.max_restarts + 1):
             os.environ[RESTART_VARIABLE] = str(attempt)
@@ -530,11 +553,25 @@ def spawn(config: Config, program: tuple = ("run_rank",)) -> int:
                 )
                 config = dataclasses.replace(config, resume="auto")
             status = _run_ranks_in_own_folder(config, program)
-            if status in (0, INTERRUPTED, STOPPED, REFUSED):
+            if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED) or _stop_signal:
                 return 1 if status == REFUSED else status
         return status
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+def warn_about_oversubscription(config: Config) -> None:
+    """More CPU ranks than cores: each gets a fraction of one, and every rank holds its own torch (memory)."""
+    cores = os.cpu_count() or 1
+    if config.device == "cpu" and config.nproc_per_node > cores:
+        print(
+            f"warning: nproc_per_node={config.nproc_per_node} CPU ranks on {cores} core(s): each rank gets a "
+            f"fraction of a core and its own copy of torch in memory, so training is slower than with "
+            f"--nproc-per-node {cores}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _run_ranks_in_own_folder(config: Config, program: tuple) -> int:
@@ -574,6 +611,7 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
         )
         for slot in range(config.nproc_per_node)
     ]
+    _running[:] = ranks
     try:
         for rank in ranks:
             rank.start()
@@ -586,18 +624,24 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
                 return 0
             silent = _silent_ranks(beats, config.timeout_s)
             if silent:
-                _stop(ranks, hung=silent)
+                _stop(ranks)
                 print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
                 return 1
-    except (KeyboardInterrupt, _Terminated):
+    except KeyboardInterrupt:
         _stop(ranks)
         print("interrupted: every rank was stopped", file=sys.stderr, flush=True)
         return INTERRUPTED
+    finally:
+        _running.clear()
     failures = {slot: _read_report(reports[slot]) for slot in ended}
     slot = min(ended, key=lambda slot: failures[slot]["time"] if failures[slot] else float("inf"))
     failure, code = failures[slot], ranks[slot].exitcode
     silent = _silent_ranks(beats, 3.0) if failure else {}  # a rank timed out waiting: was a peer frozen?
-    _stop(ranks, hung=silent)
+    _stop(ranks)
+    if code in (STOPPED, TERMINATED):
+        asked_by = "SIGUSR1" if code == STOPPED else signal.Signals(_stop_signal or signal.SIGTERM).name
+        print(f"stopped on {asked_by} with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)
+        return code
     if failure and failure["refused"]:
         print(wrapped(f"error: {failure['message']}"), file=sys.stderr, flush=True)
         return REFUSED
@@ -606,11 +650,15 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
         logs = Path(config.output_dir) / "logs"
         details = f" (details: {shown_path(logs / 'rank*.log')})" if logs.is_dir() else ""  # where logs were written
         cause = f"{_describe(silent)}, and " if silent else ""
+        if not details:  # no log of this run holds the traceback: it goes here
+            print(failure["message"].rstrip(), file=sys.stderr, flush=True)
         print(wrapped(f"error: {cause}rank {slot} failed: {reason}{details}"), file=sys.stderr, flush=True)
         return 1
-    if code == STOPPED:
-        print("stopped on SIGUSR1 with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)
-        return STOPPED
+    if _stop_signal:  # asked to stop before the ranks could save (still starting)
+        print(
+            f"interrupted by {signal.Signals(_stop_signal).name}: every rank was stopped", file=sys.stderr, flush=True
+        )
+        return TERMINATED
     how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     print(f"error: rank {slot} {how}", file=sys.stderr, flush=True)
     return code if code > 0 else 1
@@ -636,19 +684,15 @@ def _describe(silent: dict[int, float]) -> str:
     )
 
 
-def _stop(processes: list, grace_s: float = 5.0, hung: dict | None = None) -> None:
-    """Terminate, then kill, every rank still alive; a hung one is killed at once (it cannot handle SIGTERM)."""
-    started = {slot: process for slot, process in enumerate(processes) if process.pid is not None}
-    for slot, process in started.items():
-        if process.is_alive() and hung and slot in hung:
-            process.kill()
-        elif process.is_alive():
-            process.terminate()
-    for process in started.values():
-        process.join(grace_s)
+def _stop(processes: list) -> None:
+    """Kill every rank still alive. Not SIGTERM: a rank takes that as a request to save and stop, which a job
+    ending on a failure or Ctrl+C has no peers left for (and a frozen rank cannot handle at all)."""
+    started = [process for process in processes if process.pid is not None]
+    for process in started:
         if process.is_alive():
             process.kill()
-            process.join()
+    for process in started:
+        process.join()
 
 
 def ignore_interrupts_in_children() -> None:

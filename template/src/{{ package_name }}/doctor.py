@@ -9,6 +9,7 @@ anything would stop training, 0 otherwise (warnings do not count).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import os
 import platform
@@ -22,8 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+try:  # the doctor answers where torch cannot load: a CUDA build missing its libraries, or no torch at all
+    import torch
+    import torch.distributed as dist
+except Exception as error:  # noqa: BLE001 - ImportError, OSError ("libcudnn.so.9: cannot open shared object file")
+    torch = dist = None
+    TORCH_FAILURE = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
 
 from .config import DEFAULT_CONFIG, Config, ConfigError, load
 from .distributed import LaunchError, backend_problems, check_port_free, exit_now, gloo_binding, visible_gpus
@@ -69,15 +74,30 @@ def facts() -> dict[str, str]:
     }
 
 
-def compare(config: Config) -> list[Finding]:
-    """Machine against answers; every non-ok line carries its fix."""
-    wanted = config.environment
-    found: list[Finding] = []
-    reinstall = (
+def reinstall_command(wanted: dict) -> str:
+    """The project's own torch (environment.yml's pin, from its index), as one command."""
+    return (
         f"pip install --force-reinstall torch=={wanted.get('torch_version')}+{wanted.get('cuda')} "
         f"{torch_source_option(wanted)} {wanted.get('torch_index_url')}"
         "   (or: conda env update -f environment.yml --prune)"
     )
+
+
+def torch_missing(config: Config) -> int:
+    """What the doctor can say without torch: the machine, and the one command that brings the right torch back."""
+    print(f"{'os':>10}: {platform.system()} {platform.release()} ({platform.machine()})")
+    print(f"{'python':>10}: {platform.python_version()} ({sys.executable})")
+    print()
+    fix = reinstall_command(config.environment)
+    print(wrapped(f"FAIL  torch cannot be imported ({TORCH_FAILURE}); fix: {fix}", sys.stdout, indent=" " * 6))
+    return 1
+
+
+def compare(config: Config) -> list[Finding]:
+    """Machine against answers; every non-ok line carries its fix."""
+    wanted = config.environment
+    found: list[Finding] = []
+    reinstall = reinstall_command(wanted)
     installed_version = torch.__version__.split("+")[0]
     if wanted.get("torch_version") and installed_version != wanted["torch_version"]:
         found.append(
@@ -355,11 +375,16 @@ def main(argv: list[str] | None = None) -> int:
         help="train a short real run on this machine's devices (about 20 steps, a checkpoint, a resume) and print "
         "PASS or FAIL for each step, with the fix",
     )
+    parser.add_argument("--master-port", type=int, help="check this port instead of master_port in the config")
     args = parser.parse_args(argv)
     try:
         config = load(args.config)
     except ConfigError as error:
         parser.error(str(error))
+    if args.master_port is not None:
+        config = dataclasses.replace(config, master_port=args.master_port)
+    if torch is None:
+        return torch_missing(config)
     if args.smoke:
         return smoke_check(config)
     wanted = config.environment

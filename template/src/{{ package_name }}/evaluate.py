@@ -21,6 +21,7 @@ from pathlib import Path
 
 from . import config as settings
 from .distributed import LaunchError, exit_now, rank_program, spawn, torchrun_layout, torchrun_rank, under_torchrun
+from .ownership import private_temporary_folder
 from .records import RUN_RECORD
 
 PROG = f"python -m {__package__}.evaluate"
@@ -65,12 +66,8 @@ def from_command_line(argv: list[str] | None) -> tuple[settings.Config, Path, st
     checkpoint, split = args.pop("checkpoint"), args.pop("split")
     if not checkpoint.is_file():
         parser.error(f"checkpoint not found: {checkpoint}")
-    changed = {key: value for key, value in args.items() if value is not None and key in SETTING_NAMES}
-    config = dataclasses.replace(config, **changed, max_restarts=0)  # a failed evaluation is simply run again
-    found = config.problems()
-    if found:
-        parser.error("; ".join(found))
-    return config, checkpoint, split
+    config = settings.with_flags(config, args, parser)
+    return dataclasses.replace(config, max_restarts=0), checkpoint, split  # a failed evaluation is simply rerun
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     target = result_path(checkpoint, split)
     program = ("run_evaluation", str(checkpoint), split, str(target))
     try:
-        if under_torchrun():
-            status = rank_program(program[0])(torchrun_layout(config), torchrun_rank(), *program[1:])
-            if torchrun_rank().rank != 0:
-                return status
-        else:
-            status = spawn(config, program)
+        with private_temporary_folder():
+            if under_torchrun():
+                status = rank_program(program[0])(torchrun_layout(config), torchrun_rank(), *program[1:])
+                if torchrun_rank().rank != 0:
+                    return status
+            else:
+                status = spawn(config, program)
     except LaunchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

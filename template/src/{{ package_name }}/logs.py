@@ -27,7 +27,10 @@ class AboveTheBar(logging.StreamHandler):
         from tqdm import tqdm
 
         try:
-            tqdm.write(wrapped(self.format(record), self.stream), file=self.stream)
+            text = wrapped(self.format(record), self.stream)
+            encoding = getattr(self.stream, "encoding", None) or "utf-8"
+            # A console that cannot show a character (LC_ALL=C, an old Windows code page) gets an escape instead.
+            tqdm.write(text.encode(encoding, "backslashreplace").decode(encoding), file=self.stream)
         except Exception:
             self.handleError(record)
 
@@ -38,7 +41,9 @@ def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
     logger.handlers.clear()
     logger.propagate = False
     (output_dir / "logs").mkdir(parents=True, exist_ok=True)
-    to_file = logging.FileHandler(output_dir / "logs" / f"rank{rank}.log", encoding="utf-8")
+    # Paths from a command line Python could not decode (LC_ALL=C without UTF-8 mode) carry their raw bytes
+    # as surrogates: written back as those bytes, the file shows the path as it is on the disk.
+    to_file = logging.FileHandler(output_dir / "logs" / f"rank{rank}.log", encoding="utf-8", errors="surrogateescape")
     to_file.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(levelname)s %(message)s"))
     logger.addHandler(to_file)
     if rank == 0:

@@ -7,9 +7,12 @@ the recipe or a checkpoint runs here, first thing, on the spawn, torchrun and Sl
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import logging
 import os
+import signal
+import traceback
 from pathlib import Path
 
 import torch
@@ -18,7 +21,9 @@ from torch.nn.parallel import DistributedDataParallel
 from . import checkpoint, loaders, records, rng
 from .config import Config
 from .distributed import (
+    STOP_SIGNALS,
     STOPPED,
+    TERMINATED,
     LaunchError,
     RankInfo,
     check_backend,
@@ -33,15 +38,89 @@ from .files import write_text_durably
 from .logs import rank_logger
 from .trainer import StopRequested, Trainer, listen_for_stop_requests
 
+# What the engine calls, with the arguments it passes. A recipe defines training_step, or loss, metric and METRIC.
+RECIPE_FUNCTIONS = {
+    "datasets": ("config",),
+    "model": ("config", "devices"),
+    "optimizer": ("model", "config"),
+    "schedule": ("optimizer", "config", "total_steps"),
+    "loss": ("outputs", "targets"),
+    "metric": ("outputs", "targets"),
+    "training_step": ("model", "batch"),
+    "validation_step": ("model", "batch"),
+    "metrics": ("sums",),
+    "test_dataset": ("config",),
+}
+REQUIRED = ("datasets", "model", "optimizer", "schedule")
+
+
+def where(error: BaseException) -> str:
+    """file:line of the code that raised `error` (the innermost frame outside Python's import machinery)."""
+    if isinstance(error, SyntaxError) and error.filename:
+        code = f" ({error.text.strip()})" if error.text and error.text.strip() else ""
+        return f"{error.filename}:{error.lineno}: {type(error).__name__}: {error.msg}{code}"
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
+    message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    if not frames:
+        return message
+    code = f" ({frames[-1].line})" if frames[-1].line else ""
+    return f"{frames[-1].filename}:{frames[-1].lineno}: {message}{code}"
+
+
+def load_recipe(name: str):
+    """Import the recipe and check what the engine will call, before any rank meets another or trains.
+
+    LaunchError names the file and line: of the code that failed to import, or of a function the engine
+    cannot call with its arguments.
+    """
+    try:
+        recipe = importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name and (name == error.name or name.startswith(error.name + ".")):
+            raise LaunchError(
+                f"recipe {name!r} not found (no module named {error.name!r}); set recipe in configs/train.toml "
+                f"to an importable module, such as {__package__}.recipe"
+            ) from None
+        raise LaunchError(f"recipe {name} cannot be imported: {where(error)}") from None
+    except Exception as error:  # whatever the recipe's own code raised while it was imported
+        raise LaunchError(f"recipe {name} cannot be imported: {where(error)}") from None
+    source = getattr(recipe, "__file__", name)
+    needed = [*REQUIRED, *(() if hasattr(recipe, "training_step") else ("loss", "metric"))]
+    missing = [function for function in needed if not callable(getattr(recipe, function, None))]
+    if not hasattr(recipe, "training_step") and not isinstance(getattr(recipe, "METRIC", None), str):
+        missing.append("METRIC (the metric's name, a string)")
+    if missing:
+        raise LaunchError(
+            f"recipe {name} ({source}) has no {', '.join(missing)}: define {'them' if len(missing) > 1 else 'it'} "
+            f"as {__package__}/recipe.py does (training_step(model, batch) can stand in for loss, metric and METRIC)"
+        )
+    for function, arguments in RECIPE_FUNCTIONS.items():
+        defined = getattr(recipe, function, None)
+        if not callable(defined):
+            continue
+        try:
+            inspect.signature(defined).bind(*arguments)
+        except TypeError as error:
+            code = getattr(defined, "__code__", None)
+            line = f"{code.co_filename}:{code.co_firstlineno}" if code else source
+            raise LaunchError(
+                f"{line}: the recipe's {function}{inspect.signature(defined)} cannot be called as "
+                f"{function}({', '.join(arguments)}), which the engine does ({error})"
+            ) from None
+        except ValueError:
+            continue  # no signature to check (a builtin)
+    return recipe
+
 
 def refusal(config: Config, info: RankInfo) -> str | None:
-    """What stops this run before its ranks meet: the backend, a bad checkpoint path, best_metric, another run's folder.
+    """What stops this run before its ranks meet: the backend, a bad checkpoint path, best_metric, a checkpoint that
+    does not fit the model, another run's folder.
 
     Only rank 0 reads the checkpoint and claims the folder (the others wait for it in init_process_group
     and write nothing until then), so a big checkpoint is read once and --overwrite deletes once.
     """
     check_backend(config)
-    recipe = importlib.import_module(config.recipe)
+    recipe = load_recipe(config.recipe)
     metric = getattr(recipe, "METRIC", None)
     # A recipe with functions of its own names its columns itself: checked against its first epoch's row.
     own_columns = any(hasattr(recipe, name) for name in ("training_step", "validation_step", "metrics"))
@@ -55,7 +134,40 @@ def refusal(config: Config, info: RankInfo) -> str | None:
             resumed_run = checkpoint.load(Path(config.resume)).get("run_id")
         except checkpoint.CheckpointError as error:
             return str(error)
-    return records.claim_output_dir(Path(config.output_dir), config.resume, config.overwrite, resumed_run)
+    return unfit_checkpoint(config, info) or records.claim_output_dir(
+        Path(config.output_dir), config.resume, config.overwrite, resumed_run
+    )
+
+
+def unfit_checkpoint(config: Config, info: RankInfo) -> str | None:
+    """Why the checkpoint this run would continue from cannot load into the recipe's model (model.py changed).
+
+    Checked before anything is written, by building the model once more on rank 0, only when there is a
+    checkpoint to continue from; the random streams are left as they were.
+    """
+    output_dir = Path(config.output_dir)
+    if config.resume == "none":
+        return None
+    if config.resume == "auto":
+        paths = checkpoint.existing(output_dir, records.run_id_of(output_dir))
+    else:
+        paths = [Path(config.resume)]
+    for path in paths:  # the first that loads: the trainer reports damaged ones and sets them aside
+        saved = checkpoint.saved_shapes(path)
+        if saved is not None:
+            break
+    else:
+        return None
+    with torch.random.fork_rng(devices=[]):
+        model = importlib.import_module(config.recipe).model(config, devices_for(config, info.local_rank))
+    problem = checkpoint.misfit({name: tuple(value.shape) for name, value in model.state_dict().items()}, saved)
+    if problem is None:
+        return None
+    return (
+        f"checkpoint {path} does not fit the model: {problem}; nothing was changed. To train this model, start a "
+        f"new run: --resume none with a new --output-dir, or --resume none --overwrite to replace the run in "
+        f"{output_dir}"
+    )
 
 
 def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Trainer:
@@ -65,6 +177,14 @@ def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Tr
     train_set, val_set = recipe.datasets(config)
     if split == "test":
         val_set = recipe.test_dataset(config)
+    if has_no_samples(val_set):
+        raise LaunchError(
+            f"the test set is empty: test_dataset() in {recipe.__file__} returned no samples; return the held-out "
+            "test split from it"
+            if split == "test"
+            else f"the validation set is empty: datasets() in {recipe.__file__} returned no validation samples; "
+            "return a held-out split as its second value (val_loss, the metric's val_ column and best.pt come from it)"
+        )
     torch.manual_seed(config.seed)  # same initial weights on every rank
     model = recipe.model(config, devices)
     rng.seed_everything(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
@@ -78,6 +198,13 @@ def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Tr
     return Trainer(wrapped, train_data, val_data, recipe.optimizer(model, config), recipe, config, info, log)
 
 
+def has_no_samples(dataset) -> bool:
+    try:
+        return len(dataset) == 0
+    except TypeError:  # an IterableDataset has no length: nothing to check before it runs
+        return False
+
+
 def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: str, result_path: str) -> int:
     """One rank of `python -m <package>.evaluate`: the checkpoint's weights scored on this rank's share of `split`.
 
@@ -87,7 +214,7 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
     if not under_torchrun():
         ignore_interrupts_in_children()
     check_backend(config)
-    recipe = importlib.import_module(config.recipe)
+    recipe = load_recipe(config.recipe)
     if split == "test" and not hasattr(recipe, "test_dataset"):
         raise LaunchError(
             f"--split test needs test_dataset(config) in the recipe ({config.recipe}); define it, or use --split val"
@@ -149,7 +276,9 @@ def run_rank(config: Config, info: RankInfo) -> int:
         torch.use_deterministic_algorithms(True)
     if config.device == "cuda":
         torch.cuda.set_device(devices_for(config, info.local_rank)[0])
-    listen_for_stop_requests()
+    # SIGUSR1 from here on, so an early one cannot end the rank (its default); SIGTERM and Ctrl+Break only once
+    # training is built: before that they end the rank at once, as a rank waiting for its peers must be able to.
+    listen_for_stop_requests(tuple(signum for signum in STOP_SIGNALS if signum == getattr(signal, "SIGUSR1", None)))
     listening = init_process_group(config, info)
     log = rank_logger(Path(config.output_dir), info.rank)  # after the meeting: rank 0 has claimed the folder
     try:
@@ -159,10 +288,12 @@ def run_rank(config: Config, info: RankInfo) -> int:
             f"started by {info.started_by}, pid {os.getpid()})"
         )
         log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
-        build_trainer(config, info, log).fit()
+        trainer = build_trainer(config, info, log)
+        listen_for_stop_requests()
+        trainer.fit()
     except StopRequested as stop:
         log.info(str(stop))
-        return STOPPED
+        return STOPPED if stop.signum == getattr(signal, "SIGUSR1", None) else TERMINATED
     except Exception:
         log.exception("rank failed")
         raise

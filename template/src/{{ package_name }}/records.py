@@ -14,6 +14,7 @@ import torch
 
 from . import __version__, checkpoint
 from .files import write_text_durably
+from .ownership import name_the_run
 
 RUN_RECORD = "run.json"
 METRICS = "metrics.csv"
@@ -49,6 +50,7 @@ def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: in
         "answers": answers_file.read_text(encoding="utf-8") if answers_file.exists() else None,
     }
     write_text_durably(output_dir / RUN_RECORD, json.dumps(record, indent=2, default=str))
+    name_the_run(output_dir, run_id)  # a second launch into this folder is told which run holds it
 
 
 def run_id_of(output_dir: Path) -> str | None:
@@ -78,9 +80,12 @@ def starting_point(resume: str, output_dir: Path, warn) -> tuple[Path | None, di
 def append_metrics(path: Path, row: dict) -> None:
     """Add one row; the whole (small) file is rewritten durably, so it is never left half-written.
 
+    A last line without its newline (the file was cut: copied while written, or by a full disk elsewhere)
+    is dropped first, so the new row starts a line of its own instead of being glued onto a partial one.
     A file written by an older version keeps its own columns, so every row stays under its header.
     """
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+    text = text[: text.rfind("\n") + 1]  # whole lines only; nothing at all when even the header was cut
     columns = next(csv.reader([text.splitlines()[0]])) if text else list(row)
     line = io.StringIO()
     writer = csv.DictWriter(line, fieldnames=columns, lineterminator="\n", restval="", extrasaction="ignore")

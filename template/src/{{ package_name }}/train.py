@@ -14,14 +14,17 @@ trainer.py owns the loop, checkpoints, validation and the run's records.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 from .config import from_command_line
 from .distributed import (
     INTERRUPTED,
+    TERMINATED,
     LaunchError,
     exit_now,
     rank_program,
@@ -31,6 +34,7 @@ from .distributed import (
     under_torchrun,
 )
 from .logs import wrapped
+from .ownership import InUse, hold_output_dir, private_temporary_folder
 
 PROG = f"python -m {__package__}.train"
 
@@ -57,18 +61,33 @@ def resume_command(argv: list[str] | None) -> str:
     return f"{launcher} {line(rest)}" if launcher else line([*PROG.split(), *rest])
 
 
+def holding_the_output_dir(config):
+    """This machine's hold on output_dir, taken by the process that owns the run here (ownership.py).
+
+    The spawn path's launcher holds it for its ranks; under torchrun or srun each rank is started by
+    another program, so local rank 0 holds it. Other ranks hold nothing.
+    """
+    if not under_torchrun():
+        return hold_output_dir(Path(config.output_dir), config.node_rank)
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    node = int(os.environ["RANK"]) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return hold_output_dir(Path(config.output_dir), node)
+
+
 def main(argv: list[str] | None = None) -> int:
     config = from_command_line(argv, PROG)
     try:
-        if under_torchrun():  # torchrun, or one Slurm task per rank: this process is one rank
-            return rank_program()(torchrun_layout(config), torchrun_rank())
-        status = spawn(config)
-        if status == INTERRUPTED:
+        with holding_the_output_dir(config), private_temporary_folder():
+            if under_torchrun():  # torchrun, or one Slurm task per rank: this process is one rank
+                return rank_program()(torchrun_layout(config), torchrun_rank())
+            status = spawn(config)
+        if status in (INTERRUPTED, TERMINATED):
             print(
                 wrapped(f"to continue from the newest checkpoint: {resume_command(argv)}"), file=sys.stderr, flush=True
             )
         return status
-    except LaunchError as error:
+    except (LaunchError, InUse) as error:
         print(wrapped(f"error: {error}"), file=sys.stderr)
         return 1
 

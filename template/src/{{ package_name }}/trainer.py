@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch.distributed as dist
 
 from . import checkpoint, faults, records, rng, scalars
 from .config import Config
-from .distributed import LaunchError, RankInfo, devices_for, restart_count
+from .distributed import STOP_SIGNALS, LaunchError, RankInfo, devices_for, restart_count
 from .loaders import map_tensors, samples_in, to_device
 from .logs import epoch_line, progress_bar, show_epoch, shown_path, start_lines
 
@@ -28,68 +27,76 @@ class NonFiniteLoss(RuntimeError):
     """The loss turned NaN or infinite; nothing after the last good checkpoint was saved."""
 
 
-# SIGUSR1 asks for a clean stop: Slurm sends it before a time limit or a preemption (--signal=USR1@90).
-# The ranks agree every STOP_CHECK_EVERY steps, save a checkpoint and exit with STOPPED.
-CAN_REQUEST_A_STOP = hasattr(signal, "SIGUSR1")  # POSIX only; Windows has no such signal
-STOP_REQUESTED = threading.Event()
+# A STOP_SIGNALS signal asks for a clean stop: Slurm's SIGUSR1 before a time limit or a preemption
+# (--signal=USR1@90), SIGTERM from docker stop, Kubernetes or a process manager, Ctrl+Break on Windows.
+# The ranks agree every STOP_CHECK_EVERY steps and at each epoch's end, save a checkpoint and exit with
+# STOPPED (SIGUSR1) or TERMINATED (the others).
 STOP_CHECK_EVERY = 16
+_stop_signal = 0  # the signal this rank received (0: none)
 
 
 class StopRequested(Exception):
-    """Every rank stopped on SIGUSR1 after saving a checkpoint."""
+    """Every rank stopped on a stop signal after saving a checkpoint."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
 
 
-def listen_for_stop_requests() -> None:
-    if CAN_REQUEST_A_STOP:
-        signal.signal(signal.SIGUSR1, lambda signum, frame: STOP_REQUESTED.set())
+def _request_a_stop(signum, frame) -> None:
+    global _stop_signal
+    _stop_signal = max(_stop_signal, signum)
+
+
+def listen_for_stop_requests(signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    for signum in signals:
+        signal.signal(signum, _request_a_stop)
 
 
 class Totals:
     """What a recipe reports per batch, summed over batches in fp64, without a device sync per batch.
 
     `means` are the batch's per-sample means (the loss, values a training_step logs): weighted by the batch's
-    samples. `sums` are sums already (metric(), validation_step's counts), of any shape. Each batch's tensors
-    wait in lists and are folded when asked (and every 1024 batches): one stack per name, not several small
-    operations per step.
+    samples. `sums` are sums already (metric(), validation_step's counts), of any shape. A batch costs one
+    append; the batches wait, detached, and are folded when asked (and every 1024 batches): one stack per name.
+    Every batch reports the same names.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.folded: dict[str, torch.Tensor] = {}
         self.samples = torch.zeros((), dtype=torch.float64, device=device)
-        self.counts: list[int] = []
-        self.means: dict[str, list] = {}
-        self.sums: dict[str, list] = {}
+        self.waiting: list[tuple[int, dict, dict]] = []
 
     def add(self, samples: int, means: dict, sums: dict) -> None:
-        self.counts.append(samples)
-        for waiting, values in ((self.means, means), (self.sums, sums)):
-            for name, value in values.items():
-                waiting.setdefault(name, []).append(as_tensor(value, self.device))
-        if len(self.counts) == 1024:
+        self.waiting.append((samples, means, sums))
+        if len(self.waiting) == 1024:
             self.fold()
 
     def fold(self) -> dict[str, torch.Tensor]:
         """{name: sum so far} (a mean times its batch's samples); `self.samples` the samples so far."""
-        if self.counts:
-            counts = torch.tensor(self.counts, dtype=torch.float64, device=self.device)
-            for name, values in self.means.items():
-                self.folded[name] = self.folded.get(name, 0) + torch.stack(values).double() @ counts
-            for name, values in self.sums.items():
-                self.folded[name] = self.folded.get(name, 0) + torch.stack(values).double().sum(0)
+        if self.waiting:
+            counts = torch.tensor([batch[0] for batch in self.waiting], dtype=torch.float64, device=self.device)
+            for position, weighted in ((1, True), (2, False)):
+                for name in self.waiting[0][position]:
+                    values = stacked([batch[position][name] for batch in self.waiting], self.device)
+                    total = values @ counts if weighted else values.sum(0)
+                    self.folded[name] = self.folded.get(name, 0) + total
             self.samples += counts.sum()
-            self.counts, self.means, self.sums = [], {}, {}
+            self.waiting = []
         return self.folded
 
     def layout(self) -> list[tuple[str, tuple[int, ...]]]:
         return [(name, tuple(value.shape)) for name, value in self.fold().items()]
 
 
-def as_tensor(value, device: torch.device) -> torch.Tensor:
-    """A reported value, detached, on the device of the totals: a tensor of any shape, or a Python number."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(device, non_blocking=True)
-    return torch.tensor(float(value), dtype=torch.float64, device=device)
+def stacked(values: list, device: torch.device) -> torch.Tensor:
+    """Reported values (tensors of one shape, or Python numbers) as one fp64 tensor on `device`."""
+    try:
+        together = torch.stack(values)  # the common case: tensors on one device
+    except (TypeError, RuntimeError):  # numbers, or tensors on the two devices of a split model
+        together = torch.stack([torch.as_tensor(value).to(device) for value in values])
+    return together.to(device, torch.float64)
 
 
 def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], float]]:
@@ -170,7 +177,7 @@ class Trainer:
         self.resumed = False  # marks the first epoch after a resume in metrics.csv (and the plot)
         self.crash_at = faults.crash_step(info.rank)
         # The recipe's optional functions; without them, (inputs, targets) batches with loss and metric.
-        self.step = self.custom_step if hasattr(recipe, "training_step") else self.pair_step
+        self.custom_steps = hasattr(recipe, "training_step")  # a flag, not a bound method: no cycle keeps self alive
         self.validation_step = getattr(recipe, "validation_step", None)
         self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         self.grad_norms: list[torch.Tensor] = []  # this epoch's, before clipping (max_grad_norm > 0)
@@ -289,13 +296,11 @@ class Trainer:
         self.stop_if_not_finite(so_far.item())
         self.save()
 
-    def stop_agreed(self) -> bool:
-        """Whether any rank got SIGUSR1: all ranks must stop at the same step (one tiny all-reduce)."""
-        if not CAN_REQUEST_A_STOP:
-            return False
-        flag = torch.tensor([float(STOP_REQUESTED.is_set())], device=self.devices[-1])
+    def stop_agreed(self) -> int:
+        """The stop signal any rank got (0: none): all ranks must stop at the same step (one tiny all-reduce)."""
+        flag = torch.tensor([float(_stop_signal)], device=self.devices[-1])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return int(flag.item())
 
     def stop_if_not_finite(self, loss_sum: float) -> None:
         """Given the loss summed over all ranks: a NaN or inf on any rank made it NaN or inf."""
@@ -339,18 +344,19 @@ class Trainer:
         """The recipe's training_step: the batch's mean loss, or (loss, {name: value to log})."""
         result = self.recipe.training_step(model, self.on_devices(batch))
         loss, logged = result if isinstance(result, tuple) else (result, {})
+        logged = {name: value.detach() if isinstance(value, torch.Tensor) else value for name, value in logged.items()}
         return loss, logged, {}, samples_in(batch)
 
     def run_step(self, batches, totals: Totals) -> None:
         """One optimizer step over accumulate_steps micro-batches; gradients are all-reduced on the last only."""
         self.optimizer.zero_grad(set_to_none=True)
-        parts = self.config.accumulate_steps
+        parts, step = self.config.accumulate_steps, self.custom_step if self.custom_steps else self.pair_step
         for micro in range(parts):
             with contextlib.nullcontext() if micro == parts - 1 else self.model.no_sync():
                 with self.autocast():
-                    loss, logged, sums, samples = self.step(self.model, next(batches))
+                    loss, logged, sums, samples = step(self.model, next(batches))
                 self.scaler.scale(loss if parts == 1 else loss / parts).backward()
-            totals.add(samples, {"loss": loss, **logged}, sums)
+            totals.add(samples, {"loss": loss.detach(), **logged}, sums)  # detached: no graph kept alive
         if self.config.max_grad_norm:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
             # The gradients are all-reduced, so every rank computes the same norm; over both devices of a split model.
@@ -364,12 +370,13 @@ class Trainer:
         """This rank's share of the validation set, every sample exactly once over all ranks."""
         module = self.model.module  # no collectives: ranks may hold one sample more or less
         module.eval()
+        step = self.custom_step if self.custom_steps else self.pair_step
         for batch in self.val_data:
             with self.autocast():
                 if self.validation_step is not None:
                     totals.add(samples_in(batch), {}, self.validation_step(module, self.on_devices(batch)))
                 else:
-                    loss, logged, sums, samples = self.step(module, batch)
+                    loss, logged, sums, samples = step(module, batch)
                     totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
 
@@ -400,9 +407,9 @@ class Trainer:
                 break  # the epoch's end saves and checks for a stop: a checkpoint never ends an epoch half-done
             if self.config.checkpoint_every and self.global_step % self.config.checkpoint_every == 0:
                 self.save_mid_epoch(training)
-            if self.global_step % STOP_CHECK_EVERY == 0 and self.stop_agreed():
+            if self.global_step % STOP_CHECK_EVERY == 0 and (stop := self.stop_agreed()):
                 self.save_mid_epoch(training)
-                raise StopRequested(self.stopped_at())
+                raise StopRequested(self.stopped_at(stop), stop)
         seconds = time.perf_counter() - started
         self.validate(validation)
         (trained, seen), (validated, val_seen) = all_reduced([training, validation])  # one all-reduce for both
@@ -418,7 +425,7 @@ class Trainer:
         if self.info.rank == 0:
             self.record_epoch(row, progress, improved)
         if stop:
-            raise StopRequested(self.stopped_at())
+            raise StopRequested(self.stopped_at(stop), stop)
 
     def epoch_row(self, trained: dict, seen: float, validated: dict, val_seen: float, seconds: float) -> dict:
         """The epoch's metrics.csv row: training means, validation metrics, lr, grad_norm, speed."""
@@ -458,13 +465,15 @@ class Trainer:
         value, epoch = self.best
         return (
             f"stopped early after epoch {self.epoch}: {self.config.best_metric} has not improved for {patience} "
-            f"epoch(s) since epoch {epoch} ({value}); best.pt holds epoch {epoch}, model.pt epoch {self.epoch}"
+            f"epoch(s)\nbest.pt holds epoch {epoch} ({self.config.best_metric} {value}), model.pt epoch {self.epoch}"
         )
 
-    def stopped_at(self) -> str:
+    def stopped_at(self, signum: int) -> str:
+        name = signal.Signals(signum).name
+        why = "a time limit or preemption is near" if name == "SIGUSR1" else "asked to stop"
         return (
-            f"stopped at step {self.global_step} on SIGUSR1 (a time limit or preemption is near); the checkpoint "
-            "is saved, and --resume auto continues from it"
+            f"stopped at step {self.global_step} on {name} ({why}); the checkpoint is saved, and --resume auto "
+            "continues from it"
         )
 
     def record_epoch(self, row: dict, progress, improved: bool) -> None:

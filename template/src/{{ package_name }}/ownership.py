@@ -1,0 +1,240 @@
+"""What a run holds while it lives: its output folder, and a temporary folder of its own.
+
+Both are held through an exclusive lock on a file, which the operating system drops when the holder
+ends, however it ends (a normal exit, a crash, SIGKILL, a closed console window): a killed run never
+leaves a stale lock behind. POSIX uses flock, Windows msvcrt.locking. Torch-free: the launcher holds them.
+
+- The output folder: output_dir/.node<N>.lock, held by the process that owns the run on node N, that is
+  the launcher on the spawn path, or local rank 0 under torchrun or srun (its launcher is not this program).
+  A second launch into the same folder is refused before it writes anything. A folder shared by several
+  nodes gets one lock per node, so the nodes of one job never refuse each other, while a second job's
+  node 0 meets the first job's lock.
+- Temporary files: multiprocessing's pymp-* folders, the ranks' store folders (ddp-start-*), torch's
+  own temporary files all go into one ddp-run-* folder per launch, deleted when the launch ends. A folder
+  left by a killed launch is deleted by the next launch on this machine: its lock is free once its owner
+  is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+WINDOWS = sys.platform == "win32"
+# Windows locks byte ranges, and a locked range cannot be read by others: lock one byte far past the
+# holder's note (pid, host, run) at the start of the file, so a refused launch can still read who holds it.
+_WINDOWS_LOCKED_BYTE = 1 << 30
+TEMPORARY_PREFIX = "ddp-run-"
+
+
+class InUse(RuntimeError):
+    """Another live process holds the lock; the message says which and what to do."""
+
+
+def _lock(handle) -> bool:
+    """Take the exclusive lock without waiting; False when another process holds it."""
+    try:
+        if WINDOWS:
+            import msvcrt
+
+            handle.seek(_WINDOWS_LOCKED_BYTE)
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+            handle.seek(0)
+        else:
+            import fcntl
+
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK, errno.EDEADLK):
+            return False
+        raise
+    return True
+
+
+def _open_locked(path: Path):
+    """The file at `path`, open and locked by this process, or None when another process holds it.
+
+    POSIX: a holder deletes its lock file when it ends well; a process that opened the file just before
+    that deletion would lock a file no longer in the folder, so the lock counts only while the name
+    still points at the locked file.
+    """
+    for _ in range(50):
+        handle = open(path, "a+b")  # noqa: SIM115 - held for the whole run, closed by release()
+        if not _lock(handle):
+            handle.close()
+            return None
+        try:
+            same = WINDOWS or os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return handle
+        handle.close()
+    raise OSError(f"{path} kept being replaced while it was being locked")
+
+
+def _note(handle, note: dict) -> None:
+    handle.seek(0)
+    handle.truncate()
+    handle.write(json.dumps(note).encode("utf-8"))
+    handle.flush()
+
+
+def _read_note(path: Path) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            return json.loads(handle.read(4096).decode("utf-8", "replace") or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def _release(handle, path: Path) -> None:
+    """Delete the lock file while still holding it (POSIX), or right after closing it (Windows)."""
+    if not WINDOWS:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    handle.close()
+    if WINDOWS:  # fails while another launch has it open: then that launch owns it now
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def lock_file(output_dir: Path, node: int) -> Path:
+    return Path(output_dir) / f".node{node}.lock"
+
+
+def _make_folder(output_dir: Path) -> None:
+    """Create output_dir, or say in one line why it cannot be the run's folder."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (output_dir, *output_dir.parents) if p.exists() and not p.is_dir()), output_dir)
+        raise InUse(
+            f"output_dir {output_dir} cannot be a folder: {blocker} is a file; choose another --output-dir"
+        ) from None
+    except OSError as error:
+        raise InUse(
+            f"output_dir {output_dir} cannot be created ({error.strerror or error}); "
+            "choose a folder you can write to with --output-dir"
+        ) from None
+
+
+@contextlib.contextmanager
+def hold_output_dir(output_dir: Path, node: int = 0) -> Iterator[None]:
+    """Hold output_dir for this run's node until the block ends; InUse when another live run holds it.
+
+    A folder this created and the run left empty (a refused start) is removed again.
+    """
+    output_dir = Path(output_dir)
+    created = not output_dir.exists()
+    _make_folder(output_dir)
+    path = lock_file(output_dir, node)
+    try:
+        handle = _open_locked(path)
+    except OSError as error:
+        if isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.EACCES):
+            raise InUse(
+                f"output_dir {output_dir} is not writable ({error.strerror or error}); "
+                "choose a folder you can write to with --output-dir"
+            ) from None
+        raise
+    if handle is None:
+        note = _read_note(path)
+        for _ in range(50):  # the holder writes its note right after it takes the lock
+            if note:
+                break
+            time.sleep(0.02)
+            note = _read_note(path)
+        raise InUse(describe_holder(output_dir, note))
+    started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z").strip()
+    _note(handle, {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "run": None})
+    try:
+        yield
+    finally:
+        _release(handle, path)
+        if created:
+            with contextlib.suppress(OSError):
+                output_dir.rmdir()  # only when empty: nothing of a run is ever deleted here
+
+
+def describe_holder(output_dir: Path, note: dict) -> str:
+    run = f"run {note['run']}" if note.get("run") else "a run that is starting"
+    where = f"pid {note.get('pid', '?')} on {note.get('host', '?')}, started {note.get('started', '?')}"
+    return f"output_dir {output_dir} is in use by {run} ({where}); wait for it, or use another --output-dir"
+
+
+def name_the_run(output_dir: Path, run_id: str) -> None:
+    """Put the run's id into node 0's lock note (rank 0 decides it, after the launcher took the lock)."""
+    path = lock_file(output_dir, 0)
+    note = _read_note(path)
+    if not note:
+        return  # no holder wrote a note here
+    note["run"] = run_id
+    with contextlib.suppress(OSError), open(path, "r+b") as handle:
+        _note(handle, note)
+
+
+def sweep_temporary_folders(parent: Path) -> None:
+    """Delete the ddp-run-* folders of launches that are gone (their lock is free), as a killed one leaves."""
+    with contextlib.suppress(OSError):
+        for folder in Path(parent).glob(TEMPORARY_PREFIX + "*"):
+            path = folder / ".lock"
+            if not path.is_file():
+                continue  # being created right now, or not one of ours
+            with contextlib.suppress(OSError):
+                handle = _open_locked(path)
+                if handle is None:
+                    continue  # its launch is alive
+                empty = not _read_note(path)  # its creator has not written its note yet: alive
+                handle.close()
+                if not empty:
+                    shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_temporary_folder() -> Iterator[Path]:
+    """Point this process and its children (TMPDIR, TEMP, TMP) at a new ddp-run-* folder; delete it after."""
+    parent = Path(tempfile.gettempdir())
+    sweep_temporary_folders(parent)
+    folder = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=parent))
+    handle = None
+    for _ in range(100):  # a sweeping launch may hold the new lock for a moment
+        handle = _open_locked(folder / ".lock")
+        if handle is not None:
+            break
+        time.sleep(0.01)
+    if handle is not None:
+        _note(handle, {"pid": os.getpid()})
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")}
+    saved_default = tempfile.tempdir
+    os.environ.update(dict.fromkeys(saved, str(folder)))
+    tempfile.tempdir = str(folder)
+    # multiprocessing's own folder for this process (the fork server's socket) is this one, not a pymp-* inside
+    # it: a pymp-* folder is deleted at the interpreter's exit, which would fail once this one is gone.
+    mp_config = multiprocessing.current_process()._config
+    saved_mp = mp_config.get("tempdir")
+    mp_config["tempdir"] = str(folder)
+    try:
+        yield folder
+    finally:
+        mp_config["tempdir"] = saved_mp
+        tempfile.tempdir = saved_default
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if handle is not None:
+            handle.close()
+        shutil.rmtree(folder, ignore_errors=True)
