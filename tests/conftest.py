@@ -25,6 +25,8 @@ LONGEST_FIRST = (
     "tests/test_site.py::test_the_linux_path_of_getting_started_runs_as_pasted",
     "tests/test_update.py",
     "tests/test_launchers.py",
+    "tests/test_setup_env.py",  # installs torch into a fresh .venv and trains in it: about 30 s
+    "tests/test_quickstart.py",
 )
 
 
@@ -115,7 +117,7 @@ class WineCmd:
         }
         self.runs = 0
         # One Wine server, with Wine's own services, for the whole session: otherwise every `wine` starts and
-        # stops its own (0.6-0.7 s and as many CPU-s per run here; 0.13 s with them). Both start with none of
+        # stops its own, which costs several times the command itself. Both start with none of
         # our pipes: services that a captured run started would hold its output open after it ended.
         quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         (workdir / "prefix").mkdir()

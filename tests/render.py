@@ -16,7 +16,8 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 # this name (there is no public home yet). tests/test_site.py holds every page to it.
 TEMPLATE_ADDRESS = "copier-torch-ddp"
 # What a copy of the template needs: the questionnaire, the generated tree, and the partials it includes.
-TEMPLATE_PARTS = ("copier.yml", "template", "includes")
+# The generated project's docs/ includes these pages of the template's docs (one source for both).
+TEMPLATE_PARTS = ("copier.yml", "template", "includes", "docs/make-it-your-own.md", "docs/updating.md")
 
 # Named answer sets: each is what a user would type on top of the defaults.
 ANSWER_SETS: dict[str, dict] = {
@@ -53,6 +54,7 @@ def copy_template(destination: Path) -> Path:
         if source.is_dir():
             shutil.copytree(source, destination / part)
         else:
+            (destination / part).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source, destination / part)
     return destination
 

@@ -7,15 +7,16 @@ Projects are rendered into paths with a space in them. PowerShell cannot run her
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 import yaml
 
 from conftest import windows_path
-from render import ANSWER_SETS
+from render import ANSWER_SETS, render
 
-# One worker runs them all: each worker would otherwise create its own Wine prefix (about 4 CPU seconds and
-# 6 s each) and render the Windows answer sets again.
+# One worker runs them all: each worker would otherwise create its own Wine prefix (seconds of CPU each)
+# and render the Windows answer sets again.
 pytestmark = pytest.mark.xdist_group("wine")
 
 WINDOWS_SETS = [name for name, answers in ANSWER_SETS.items() if answers.get("target_os", "windows") != "linux"]
@@ -105,11 +106,79 @@ def test_setup_env_bat_stops_with_the_doctors_failure(rendered, wine_cmd):
     assert "is ready" not in run.stdout
 
 
-def test_setup_env_bat_without_conda_says_how_to_get_it(rendered, wine_cmd):
+def test_setup_env_bat_without_conda_or_python_says_what_to_install(rendered, wine_cmd):
     run = wine_cmd.run(launcher(rendered("windows-cpu-default"), "setup_env.bat"), path_has_standins=False)
     assert run.launcher_exit == 1
-    assert "conda was not found. Install Miniconda" in run.stdout
+    assert (
+        "error: neither conda nor Python 3.11 was found. Install Python 3.11 from https://www.python.org" in run.stdout
+    )
+    assert "Miniconda (https://docs.conda.io/en/latest/miniconda.html), then run this again." in run.stdout
     assert run.records == []
+
+
+# -- without conda: the project's .venv ---------------------------------------------------------
+
+
+@pytest.fixture
+def venv_project(tmp_path, wine_cmd):
+    """A fresh render whose .venv exists (its python.exe is the recording stand-in), as setup_env.bat leaves it."""
+    project = tmp_path / "my project"
+    render(project, {})
+    scripts = project / ".venv" / "Scripts"
+    scripts.mkdir(parents=True)
+    shutil.copy(wine_cmd.bin / "python.exe", scripts / "python.exe")
+    return project
+
+
+def test_setup_env_bat_without_conda_installs_requirements_into_the_venv(venv_project, wine_cmd):
+    run = wine_cmd.run(launcher(venv_project, "setup_env.bat"), exits={"conda": 1})
+    assert run.launcher_exit == 0, run.stdout
+    assert run.programs() == ["conda", "python", "python"]  # conda --version, then the .venv's python twice
+    assert run.args("python") == [
+        "-m", "pip", "install", "-r", "requirements.txt", "-e", ".[test]",
+        "-m", "my_ddp.doctor", "--config", "configs\\train.toml",
+    ]  # fmt: skip
+    assert "Environment .venv is ready. Next: scripts\\train.bat (it uses .venv by itself)" in run.stdout
+
+
+def test_setup_env_bat_venv_flag_never_asks_conda(venv_project, wine_cmd):
+    run = wine_cmd.run(launcher(venv_project, "setup_env.bat") + " --venv")
+    assert run.launcher_exit == 0, run.stdout
+    assert run.programs() == ["python", "python"]
+
+
+def test_setup_env_bat_makes_the_venv_with_a_python_of_the_pinned_version(rendered, wine_cmd, tmp_path):
+    project = tmp_path / "fresh"
+    render(project, {})
+    run = wine_cmd.run(launcher(project, "setup_env.bat"), exits={"conda": 1})
+    # The stand-in makes no folder: the script probes python's version, asks it for a venv, then says none came.
+    assert run.launcher_exit == 1, run.stdout
+    assert run.args("python") == [
+        "-c", "import sys; sys.exit(sys.version_info[:2] != (3, 11))", "-m", "venv", ".venv",
+    ]  # fmt: skip
+    assert "error: python -m venv .venv made no .venv\\Scripts\\python.exe; see the messages above." in run.stdout
+
+
+def test_setup_env_bat_refuses_an_unknown_argument(rendered, wine_cmd):
+    run = wine_cmd.run(launcher(rendered("windows-cpu-default"), "setup_env.bat") + " --conda")
+    assert run.launcher_exit == 2
+    assert "usage: scripts\\setup_env.bat [--venv]" in run.stdout
+    assert run.records == []
+
+
+def test_setup_env_bat_passes_the_pip_failure_on(venv_project, wine_cmd):
+    run = wine_cmd.run(launcher(venv_project, "setup_env.bat") + " --venv", exits={"python": 1})
+    assert run.launcher_exit == 1
+    assert run.programs() == ["python"]  # pip failed: no doctor
+    assert "is ready" not in run.stdout
+
+
+def test_train_bat_uses_the_projects_venv_first(venv_project, wine_cmd):
+    run = wine_cmd.run(launcher(venv_project, "train.bat") + " --epochs 1")
+    assert run.launcher_exit == 0, run.stdout
+    assert run.programs() == ["python"]  # no conda, no probe
+    assert run.env("python")["VIRTUAL_ENV"] == windows_path(venv_project / "scripts") + "\\..\\.venv"
+    assert run.args("python")[:2] == ["-m", "my_ddp.train"]
 
 
 # -- static checks: what cannot run here ------------------------------------------------------
@@ -125,9 +194,17 @@ def test_train_ps1_mirrors_train_bat(rendered, name):
     bat = (project / "scripts" / "train.bat").read_text(encoding="ascii")
     ps1 = (project / "scripts" / "train.ps1").read_text(encoding="ascii")  # ASCII: PowerShell 5.1 reads UTF-8 as ANSI
     assert dict(PS1_SET.findall(ps1)) == {"USE_LIBUV": "0"}
-    assert dict(BAT_SET.findall(bat)) == {"USE_LIBUV": "0", "DDP_LAUNCHER": "%0"}  # the script as typed
-    launcher_line = '$env:DDP_LAUNCHER = "powershell -ExecutionPolicy Bypass -File $(Resolve-Path -Relative $PSCommandPath)"'
+    assert dict(BAT_SET.findall(bat)) == {
+        "USE_LIBUV": "0", "DDP_LAUNCHER": "%0",  # the script as typed
+        "VIRTUAL_ENV": "%~dp0..\\.venv", "PATH": "%~dp0..\\.venv\\Scripts;%PATH%",
+    }  # fmt: skip
+    launcher_line = (
+        '$env:DDP_LAUNCHER = "powershell -ExecutionPolicy Bypass -File $(Resolve-Path -Relative $PSCommandPath)"'
+    )
     assert launcher_line in ps1.splitlines()
+    # The same .venv, set up the same way (PowerShell's lines hold a variable, so they are not PS1_SET's form).
+    assert "$venv = Join-Path $PSScriptRoot '..\\.venv'" in ps1
+    assert "$env:VIRTUAL_ENV = $venv" in ps1 and '$env:PATH = "$venv\\Scripts;$env:PATH"' in ps1
     package, name = answers["package_name"], answers["project_name"]
     # The same three ways to an environment, in the same order: active already, conda activate, an installed project.
     assert f"if ($env:CONDA_DEFAULT_ENV -ne '{name}')" in ps1 and f'"%CONDA_DEFAULT_ENV%"=="{name}"' in bat
@@ -148,7 +225,13 @@ def test_setup_env_ps1_mirrors_setup_env_bat(rendered):
     bat = (project / "scripts" / "setup_env.bat").read_text(encoding="ascii")
     for command in (f"conda env update --name {name} --file environment.yml --prune", f"conda activate {name}"):
         assert command in ps1 and command in bat
-    assert "conda was not found" in ps1
+    venv_python = ".venv\\Scripts\\python.exe"
+    doctor = f"{venv_python} -m {answers_of(project)['package_name']}.doctor --config configs\\train.toml"
+    install = f'{venv_python} -m pip install -r requirements.txt -e ".[test]"'
+    for command in (install, doctor, "-m venv .venv", "py -3.11 -m venv .venv"):
+        assert command in ps1 and command in bat, command
+    assert "neither conda nor Python 3.11 was found" in ps1 and "neither conda nor Python 3.11 was found" in bat
+    assert "$args[0] -eq '--venv'" in ps1 and '"%~1"=="--venv"' in bat
     assert "$ErrorActionPreference = 'Stop'" in ps1 and "exit $LASTEXITCODE" in ps1
 
 

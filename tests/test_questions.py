@@ -3,6 +3,8 @@ and a refusal leaves nothing behind."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -15,10 +17,10 @@ REFUSED = {
         "use gloo or auto: Windows has no NCCL",
     ),
     "nccl-without-gpus": ({"target_os": "linux", "backend": "nccl"}, "use gloo or auto: nccl needs GPUs"),
-    "gpus-with-cpu-build": ({"gpus_per_node": 2, "cuda": "cpu"}, "use cu126/cu130, or 0 GPUs, not cpu"),
+    "gpus-with-cpu-build": ({"gpus_per_node": 2, "cuda": "cpu"}, "use cu126 or 0 GPUs: cpu builds lack CUDA"),
     "unpublished-cuda-tag": ({"gpus_per_node": 1, "cuda": "cu118"}, "use cu126/cu130/cu132: no cu118 for 2.13"),
-    "torch-2.8-on-windows": ({"torch_version": "2.8.0"}, "use 2.7.1 or 2.10+ on Windows"),
-    "torch-2.9-on-both": ({"torch_version": "2.9.1", "target_os": "both"}, "use 2.7.1 or 2.10+ on Windows"),
+    "torch-2.8-on-windows": ({"torch_version": "2.8.0"}, "use 2.10+: gloo fails on Windows"),
+    "torch-2.9-on-both": ({"torch_version": "2.9.1", "target_os": "both"}, "use 2.10+: gloo fails on Windows"),
     "torch-too-old": ({"torch_version": "2.3.1"}, "use 2.4 to 2.14 (2.13.0 tested)"),
     "torch-not-on-index": ({"torch_version": "2.15.0"}, "use 2.14.x: 2.15 not on the index"),
     "torch-malformed": ({"torch_version": "2.13"}, "use X.Y.Z, for example 2.13.0"),
@@ -31,6 +33,8 @@ REFUSED = {
     "port-too-high": ({"master_port": 70000}, "use 1024 to 65535, such as 29500"),
     "multi-node-on-loopback": ({"nnodes": 2}, "use node 0's LAN IP (192.168.1.10)"),
     "localhost": ({"master_addr": "localhost"}, "use 127.0.0.1, not localhost"),
+    "multi-node-without-address": ({"nnodes": 2, "master_addr": ""}, "use node 0's LAN IP (192.168.1.10)"),
+    "one-node-without-address": ({"master_addr": ""}, "use 127.0.0.1 for one machine"),
     "torchrun-on-windows": ({"launcher": "torchrun"}, "use spawn: torchrun fails on Windows"),
     "model-parallel-one-gpu": (
         {"gpus_per_node": 1, "cuda": "cu126", "parallelism": "ddp_model_parallel"},
@@ -65,6 +69,34 @@ def test_impossible_answers_are_refused_on_one_short_line_and_leave_nothing(tmp_
     assert not destination.exists()
 
 
+# Refusals whose fix alone would leave a person guessing: each says why, after the fix ("FIX: REASON").
+WITH_A_REASON = [
+    "nccl-on-windows", "nccl-without-gpus", "gpus-with-cpu-build", "unpublished-cuda-tag", "torch-2.8-on-windows",
+    "torch-2.9-on-both", "torch-not-on-index", "package-is-keyword", "package-shadows-torch",
+    "torchrun-on-windows", "model-parallel-one-gpu", "model-parallel-too-many-processes", "fp16-on-cpu",
+    "more-processes-than-gpus",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", WITH_A_REASON)
+def test_refusals_that_need_a_reason_give_it_after_the_fix(name):
+    fix, _, reason = REFUSED[name][1].partition(": ")
+    assert fix.startswith(("use ", "pick ")) and reason, REFUSED[name][1]
+
+
+def test_every_validator_message_is_tested_here():
+    """Each refusal copier.yml can give is in REFUSED, so the 80-column and leads-with-a-fix checks reach it."""
+    config = yaml.safe_load((TEMPLATE / "copier.yml").read_text(encoding="utf-8"))
+    validators = [q["validator"] for q in config.values() if isinstance(q, dict) and "validator" in q]
+    validators += [c["validator"] for q in config.values() if isinstance(q, dict) and isinstance(q.get("choices"), dict)
+                   for c in q["choices"].values() if isinstance(c, dict) and "validator" in c]  # fmt: skip
+    messages = {re.sub(r"{{.*?}}", "", line).strip() for text in validators
+                for line in re.split(r"{%.*?%}", text) if line.strip()}  # fmt: skip
+    tested = " | ".join(message for _, message in REFUSED.values())
+    untested = sorted(message for message in messages if not all(part in tested for part in message.split() if part))
+    assert untested == []
+
+
 ACCEPTED = {
     "torch-2.8-on-linux": {"target_os": "linux", "torch_version": "2.8.0"},
     "experimental-tag": {"gpus_per_node": 1, "cuda": "cu132"},
@@ -93,7 +125,7 @@ def test_defaults_follow_earlier_answers(tmp_path):
 def test_every_question_has_help_and_no_setting_needs_trust():
     config = yaml.safe_load((TEMPLATE / "copier.yml").read_text(encoding="utf-8"))
     questions = {k: v for k, v in config.items() if not k.startswith("_") and v.get("when") is not False}
-    assert len(questions) == 16
+    assert len(questions) == 22
     assert all(question.get("help") for question in questions.values())
     # The prompt prints "🎤 " and the help on an 80-column line: no line of a help may wrap there.
     long = [key for key, q in questions.items() if "{" not in q["help"] and max(map(len, q["help"].splitlines())) > 76]

@@ -18,8 +18,9 @@ import yaml
 from render import ANSWER_SETS, TEMPLATE
 
 REQUIRED = [
-    "environment.yml", "pyproject.toml", ".gitattributes", ".copier-answers.yml", "configs/train.toml",
-    "scripts/train.bat", "scripts/train.ps1", "scripts/train.sh", "scripts/setup_env.bat", "scripts/setup_env.ps1",
+    "environment.yml", "requirements.txt", "pyproject.toml", ".gitattributes", ".copier-answers.yml",
+    "configs/train.toml", "scripts/train.bat", "scripts/train.ps1", "scripts/train.sh", "scripts/setup_env.bat",
+    "scripts/setup_env.ps1", "scripts/setup_env.sh",
     "README.md", "tests/conftest.py", "tests/test_ddp.py", ".github/workflows/ci.yml", ".gitignore",
 ]  # fmt: skip
 PACKAGE_MODULES = [
@@ -66,10 +67,12 @@ def test_environment_pins_torch_from_the_wheel_index_of_its_tag(rendered, name):
     assert environment["name"] == answers["project_name"]
     assert f"python={answers['python_version']}" in environment["dependencies"]
     pip = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
+    assert pip == ["-r requirements.txt", "-e .[test]"]  # one list of pins for conda and for .venv
+    requirements = (project / "requirements.txt").read_text(encoding="utf-8").splitlines()
     tag = answers["cuda"]
-    assert pip[0] == f"--extra-index-url https://download.pytorch.org/whl/{tag}"
-    assert f"torch=={answers['torch_version']}+{tag}" in pip
-    assert "numpy" in pip and "-e .[test]" in pip
+    assert f"--extra-index-url https://download.pytorch.org/whl/{tag}" in requirements
+    assert f"torch=={answers['torch_version']}+{tag}" in requirements
+    assert "numpy" in requirements
 
 
 @pytest.mark.parametrize("name", ANSWER_SETS)

@@ -30,7 +30,7 @@ SETTINGS = ("--device", "cpu", "--backend", "gloo", "--precision", "no", "--para
 
 def slurm_conf(folder: Path) -> str:
     """sched_interval=1: a requeued job becomes startable once its old credentials expire (cred_expire=10), and
-    only the main scheduling loop starts it then, every 60 s by default (USR1 test: 70 s -> 22 s)."""
+    only the main scheduling loop starts it then, every 60 s by default, which the requeue tests would wait for."""
     host = socket.gethostname()
     return f"""ClusterName=ddptest
 SlurmctldHost={host}

@@ -54,7 +54,7 @@ def versions(tmp_path) -> Path:
     bat = repo / "template" / "scripts" / "train.bat.jinja"
     text = bat.read_text(encoding="utf-8")
     bat.write_text(text.replace('set "USE_LIBUV=0"\n', 'set "USE_LIBUV=0"\nset "PYTHONUTF8=1"\n'), encoding="utf-8")
-    (repo / "template" / "docs").mkdir()
+    (repo / "template" / "docs").mkdir(exist_ok=True)
     (repo / "template" / "docs" / "UPGRADING.md").write_text("# Upgrading\n\nNew in v2.\n", encoding="utf-8")
     config = repo / "template" / "configs" / "train.toml.jinja"
     config.write_text(config.read_text(encoding="utf-8").replace("timeout_s = 300 ", "timeout_s = 600 "), "utf-8")
@@ -190,7 +190,7 @@ def test_conflicting_edits_are_reported(versions, tmp_path, mode):
 def test_changed_answers_regenerate_every_dependent_file(versions, tmp_path):
     project = generate(versions, tmp_path / "project", "v1")
     update(project, data={"gpus_per_node": 2, "cuda": "cu126", "nproc_per_node": 2, "master_port": 29700})
-    assert "torch==2.13.0+cu126" in (project / "environment.yml").read_text(encoding="utf-8")
+    assert "torch==2.13.0+cu126" in (project / "requirements.txt").read_text(encoding="utf-8")
     config = (project / "configs" / "train.toml").read_text(encoding="utf-8")
     assert 'device = "cuda"' in config and "master_port = 29700" in config and 'cuda = "cu126"' in config
     for launcher in ("train.bat", "train.ps1", "train.sh"):  # they carry no setting: the config is the one source
@@ -198,7 +198,7 @@ def test_changed_answers_regenerate_every_dependent_file(versions, tmp_path):
             b"29700" not in (project / "scripts" / launcher).read_bytes()
             and b"29500" not in (project / "scripts" / launcher).read_bytes()
         )
-    assert "2 GPU(s) per machine with the cu126 build" in (project / "README.md").read_text(encoding="utf-8")
+    assert "2 GPUs per machine with the cu126 build" in (project / "README.md").read_text(encoding="utf-8")
     assert find_conflicts(project).returncode == 0
     # The updated project's own fast tests still pass (its training tests run in render_and_test).
     result = subprocess.run(

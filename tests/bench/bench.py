@@ -1,9 +1,10 @@
-"""Benchmark: the rendered project against a bare DDP loop, in one run, interleaved, medians.
+"""Benchmark: the rendered project against a bare DDP loop and a same-work loop, in one run, interleaved, medians.
 
     python tests/bench/bench.py --project RENDERED_DEFAULT_PROJECT [--reps 3]
 
 Run through `nox -s bench`, which renders the default project and installs it first. Writes
-.bench/results.json, .bench/results.md, and the table section of docs/performance.md.
+.bench/results.json, .bench/results.md, and the two tables of docs/performance.md (`--only checkpoints`:
+the checkpoint table alone, from tests/bench/checkpoints.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 BARE = HERE / "bare_ddp.py"
+SAME_WORK = HERE / "same_work_ddp.py"
 GLOBAL_BATCH = 64
 SAMPLES = 8192  # 128 steps per epoch at the global batch of 64
 
@@ -64,6 +66,12 @@ def rendered_steps_per_s(project: Path, *extra: str, batch: int = GLOBAL_BATCH, 
     return statistics.median(float(row["samples_per_s"]) / batch for row in rows[1:])
 
 
+def rendered_general_steps_per_s(project: Path) -> float:
+    """The same work through training_step and validation_step (tests/bench/steps_recipe.py)."""
+    env = {**os.environ, "PYTHONPATH": str(HERE), "BENCH_PACKAGE": package_of(project)}
+    return rendered_steps_per_s(project, "--recipe", "steps_recipe", env=env)
+
+
 def rendered_wide_steps_per_s(project: Path) -> float:
     """The same project with a wide model (tests/bench/wide_recipe.py), batch 256."""
     env = {**os.environ, "PYTHONPATH": str(HERE), "BENCH_PACKAGE": package_of(project)}
@@ -75,6 +83,13 @@ def bare_steps_per_s(ranks: int = 2, threads: int = 1, hidden: int = 10, batch: 
     output = run([sys.executable, str(BARE), "--ranks", str(ranks), "--threads", str(threads), "--hidden",
                   str(hidden), "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
                   "--port", str(free_port())])  # fmt: skip
+    return float(re.search(r"steps-per-s (\S+)", output).group(1))
+
+
+def same_work_steps_per_s(project: Path) -> float:
+    """The hand-written loop doing the rendered project's work (same_work_ddp.py), same batch, data and epochs."""
+    output = run([sys.executable, str(SAME_WORK), "--package", package_of(project), "--batch", str(GLOBAL_BATCH),
+                  "--samples", str(SAMPLES), "--epochs", "4", "--port", str(free_port())])  # fmt: skip
     return float(re.search(r"steps-per-s (\S+)", output).group(1))
 
 
@@ -130,6 +145,44 @@ def save_s(project: Path, state: dict, folder: Path, durable: bool) -> float:
     return time.perf_counter() - started
 
 
+# -- 6. checkpoints at scale: tests/bench/checkpoints.py --------------------------------------------------------
+CHECKPOINT_SIZES_MB = (4, 64, 512)
+CHECKPOINT_MARKERS = ("<!-- bench:checkpoints:start -->", "<!-- bench:checkpoints:end -->")
+
+
+def checkpoint_scaling(project: Path, reps: int) -> dict:
+    """save_atomic and load against plain torch, per state size, in a process of their own (it needs ~2 GB)."""
+    (ROOT / ".bench").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=ROOT / ".bench") as scratch:  # the disk the project lives on
+        output = run([sys.executable, str(HERE / "checkpoints.py"), "--package", package_of(project), "--folder",
+                      scratch, "--reps", str(reps), "--sizes-mb", *map(str, CHECKPOINT_SIZES_MB)])  # fmt: skip
+    return json.loads(output)["sizes"]
+
+
+def checkpoint_markdown(sizes: dict) -> str:
+    lines = [
+        "| state | `save_atomic` | `torch.save` + fsync | save ratio | `load` | `torch.load` | load ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for megabytes, result in sizes.items():
+        m = result["medians"]
+        lines.append(
+            f"| {megabytes} MB ({result['reps']} saves and loads each) | {m['save_atomic'] * 1e3:.1f} ms | "
+            f"{m['torch.save + fsync'] * 1e3:.1f} ms | {result['save ratio']:.2f} | {m['load'] * 1e3:.1f} ms | "
+            f"{m['torch.load'] * 1e3:.1f} ms | {result['load ratio']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_docs_section(markers: tuple[str, str], text: str) -> None:
+    """Replace what lies between the two markers in docs/performance.md (nothing, if the page lacks them)."""
+    page = ROOT / "docs" / "performance.md"
+    start, end = markers
+    content = page.read_text(encoding="utf-8")
+    if start in content and end in content:
+        page.write_text(content.split(start)[0] + start + "\n" + text + end + content.split(end)[1], encoding="utf-8")
+
+
 # -- 4. render cost ----------------------------------------------------------------------------------
 def trivial_template(folder: Path) -> Path:
     folder.mkdir()
@@ -175,11 +228,19 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--ci-cold-s", type=float, help="wall time of a cold `nox` run, measured separately")
     parser.add_argument("--ci-warm-s", type=float, help="wall time of a warm `nox -R` run, measured separately")
+    parser.add_argument("--only", choices=["checkpoints"], help="run one section and update only its table")
     args = parser.parse_args()
     project = args.project.resolve()
     reps = args.reps
+    checkpoints = checkpoint_markdown(checkpoint_scaling(project, reps))
+    write_docs_section(CHECKPOINT_MARKERS, checkpoints)
+    print(checkpoints)
+    if args.only == "checkpoints":
+        return 0
 
-    throughput = interleaved(reps, {"rendered": lambda: rendered_steps_per_s(project), "bare": bare_steps_per_s})
+    throughput = interleaved(reps, {"rendered": lambda: rendered_steps_per_s(project), "bare": bare_steps_per_s,
+                                    "same work": lambda: same_work_steps_per_s(project),
+                                    "training_step": lambda: rendered_general_steps_per_s(project)})  # fmt: skip
     launch = interleaved(reps + 2, {"rendered": lambda: rendered_launch_s(project), "bare": bare_launch_s,
                                     "import torch": import_torch_s})  # fmt: skip
     wide = interleaved(reps, {
@@ -202,6 +263,12 @@ def main() -> int:
                                      "render": render, "saves": saves}.items()}  # fmt: skip
     ratios = {
         "throughput (rendered / bare, target >= 0.95)": median["throughput"]["rendered"] / median["throughput"]["bare"],
+        "throughput (rendered / same-work loop, target >= 0.98, goal >= 1.0)": median["throughput"]["rendered"]
+        / median["throughput"]["same work"],
+        "throughput (rendered with training_step / same-work loop, target >= 0.98)": median["throughput"][
+            "training_step"
+        ]
+        / median["throughput"]["same work"],
         "launch to first step (rendered / bare, target <= 1.15)": median["launch"]["rendered"]
         / median["launch"]["bare"],
         "render (template / trivial, target <= 2)": median["render"]["template"] / median["render"]["trivial"],
@@ -237,6 +304,12 @@ def markdown(results: dict) -> str:
         f"| 1. steady-state steps/s, 2 gloo ranks x 1 thread, batch 64 | {m['throughput']['rendered']:.0f} | "
         f"{m['throughput']['bare']:.0f} (bare loop) | {m['throughput']['rendered'] / m['throughput']['bare']:.2f} "
         "| >= 0.95 |",
+        f"| 1a. the same, against a hand-written loop doing the same work | {m['throughput']['rendered']:.0f} | "
+        f"{m['throughput']['same work']:.0f} (same-work loop) | "
+        f"{m['throughput']['rendered'] / m['throughput']['same work']:.2f} | >= 0.98 (goal >= 1.0) |",
+        f"| 1b. the same through training_step and validation_step | {m['throughput']['training_step']:.0f} | "
+        f"{m['throughput']['same work']:.0f} (same-work loop) | "
+        f"{m['throughput']['training_step'] / m['throughput']['same work']:.2f} | >= 0.98 |",
         f"| 2. launch to first optimizer step, s | {m['launch']['rendered']:.2f} (train.sh) | "
         f"{m['launch']['bare']:.2f} (bare loop); `import torch` alone {m['launch']['import torch']:.2f} | "
         f"{m['launch']['rendered'] / m['launch']['bare']:.2f} | <= 1.15 |",

@@ -7,7 +7,7 @@
 #include <string.h>
 
 int main(int argc, char **argv) {
-    static const char *watched[] = {"USE_LIBUV", "MASTER_ADDR", "MASTER_PORT", "DDP_LAUNCHER", 0};
+    static const char *watched[] = {"USE_LIBUV", "MASTER_ADDR", "MASTER_PORT", "DDP_LAUNCHER", "VIRTUAL_ENV", 0};
     const char *base = argv[0];
     for (const char *p = argv[0]; *p; p++)
         if (*p == '\\' || *p == '/') base = p + 1;

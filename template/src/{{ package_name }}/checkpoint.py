@@ -2,14 +2,15 @@
 
 Only rank 0 writes, through files.write_durably (temporary file, fsync,
 os.replace, fsync of the folder), so a crash or a power cut mid-save leaves
-the previous checkpoint intact. A checkpoint is a plain torch.save file that
-holds only tensors and plain Python values: torch.load(path, weights_only=True)
-reads it. torch.save stores a CRC-32 of every record (the pickled structure and
-each tensor's bytes) in the zip archive, and torch.load never checks them; load
-does, in a second thread while torch.load reads the same pages, so a flipped
-byte is caught instead of trained on, for about the cost of the load alone.
-Each name carries the run's identity (step-00000016-<run id>.pt): a run lists,
-resumes from and prunes only its own.
+the previous checkpoint intact. A checkpoint is the zip archive torch.save
+writes, holding only tensors and plain Python values, so
+torch.load(path, weights_only=True) reads it. Its archive comment holds a
+CRC-32 of the whole archive, summed as the bytes stream to the file (in place
+of torch's CRC-32 of each record, which torch.load never checks) and checked
+on load in a second thread beside torch.load, so a flipped byte or a cut file
+is caught instead of trained on, for about what torch.save and torch.load
+cost alone. Each name carries the run's identity (step-00000016-<run id>.pt):
+a run lists, resumes from and prunes only its own.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -31,11 +33,17 @@ from .files import write_durably
 
 try:
     from torch.utils.serialization import config as serialization_config
-except ImportError:  # torch < 2.6 has no switch: torch.save always computes the CRC-32s
+except ImportError:  # torch < 2.6
     serialization_config = None
 
 _NAME = re.compile(r"^step-(\d{8})-([0-9a-f]{8})\.pt$")
-# Checkpoints of earlier versions carry a SHA-256 of their values under this key; their CRC-32s cover the same bytes.
+# The archive comment: the CRC-32 of the archive as torch.save wrote it (ending in a comment length of 0).
+_TRAILER = re.compile(rb"crc32=([0-9a-f]{8})\Z")
+_TRAILER_SIZE = len(b"crc32=00000000")
+_END_OF_ARCHIVE = struct.Struct("<4s16xH")  # the zip's last record: signature ... comment length
+_NO_COMMENT = b"\0\0"
+# Checkpoints of earlier versions carry a SHA-256 of their values under this key, and no archive comment:
+# the CRC-32 that torch.save keeps for each record covers the same bytes.
 EARLIER_CHECKSUM = "sha256"
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, the fixed fields, then the name and extra-field lengths
 
@@ -52,50 +60,82 @@ def path_for(output_dir: str | Path, global_step: int, run_id: str) -> Path:
     return directory(output_dir) / f"step-{global_step:08d}-{run_id}.pt"
 
 
+class _SummingWriter:
+    """What torch.save writes into: each buffer goes on to the file and into a running CRC-32 of the archive."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle, self.crc, self.tail = handle, 0, b""
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.tail = (self.tail + bytes(data[-_END_OF_ARCHIVE.size :]))[-_END_OF_ARCHIVE.size :]
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
 @contextlib.contextmanager
-def _crc32_on():
-    """torch.save computes its records' CRC-32s even where a recipe turned that off: load relies on them."""
-    if serialization_config is None:
+def _without_record_crc32s():
+    """torch.save's own CRC-32 of each record is left out (0): the archive's CRC-32 covers every byte of it."""
+    if serialization_config is None:  # torch < 2.6 always computes them
         yield
         return
-    before, serialization_config.save.compute_crc32 = serialization_config.save.compute_crc32, True
+    before, serialization_config.save.compute_crc32 = serialization_config.save.compute_crc32, False
     try:
         yield
     finally:
         serialization_config.save.compute_crc32 = before
 
 
+def _write_summed(state: dict, handle: BinaryIO) -> None:
+    writer = _SummingWriter(handle)
+    with _without_record_crc32s():
+        torch.save(state, writer)
+    signature, comment_length = _END_OF_ARCHIVE.unpack(writer.tail)
+    if signature == b"PK\x05\x06" and comment_length == 0:  # always so for torch.save; else load checks records
+        handle.seek(-len(_NO_COMMENT), os.SEEK_CUR)
+        handle.write(struct.pack("<H", _TRAILER_SIZE) + b"crc32=%08x" % writer.crc)
+
+
 def save_atomic(state: dict, path: Path) -> None:
-    with _crc32_on():
-        write_durably(path, lambda handle: torch.save(state, handle))
+    write_durably(path, lambda handle: _write_summed(state, handle))
 
 
-def damaged_records(path: Path) -> list[str]:
-    """The archive's records whose bytes do not match their CRC-32 (empty: the file is as torch.save wrote it).
+def checksum_mismatch(path: Path) -> str:
+    """What in `path` does not match its CRC-32s ("" when everything does).
 
-    Each record is checked in one call over the mapped file, so the check holds the GIL only between records
-    and runs beside torch.load. Raises zipfile.BadZipFile or ValueError for a file that is not a whole archive.
+    A file with the archive comment is summed in one call over the mapped file, which holds no lock that
+    torch.load needs; an earlier version's file is checked record by record against torch.save's own CRC-32s.
+    Raises zipfile.BadZipFile, ValueError or struct.error for a file that is not a whole archive.
     """
     with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        with zipfile.ZipFile(handle) as archive:
-            records = archive.infolist()
-        if all(record.CRC == 0 for record in records):
-            return []  # saved with CRC-32s turned off: nothing to check against
-        damaged = []
         with memoryview(mapped) as view:
-            for record in records:
-                signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(mapped, record.header_offset)
-                start = record.header_offset + _LOCAL_HEADER.size + name_length + extra_length
-                data = view[start : start + record.compress_size]
-                if (
-                    signature != b"PK\x03\x04"
-                    or record.compress_type != zipfile.ZIP_STORED
-                    or len(data) != record.compress_size
-                    or zlib.crc32(data) != record.CRC
-                ):
-                    damaged.append(record.filename)
-                data.release()
-        return damaged
+            trailer = _TRAILER.search(view[-_TRAILER_SIZE:].tobytes())
+            if trailer:
+                summed_end = len(view) - _TRAILER_SIZE - len(_NO_COMMENT)
+                with view[:summed_end] as archive:
+                    crc = zlib.crc32(_NO_COMMENT, zlib.crc32(archive))
+                return "" if crc == int(trailer.group(1), 16) else "their CRC-32 checksum"
+            signature, comment_length = _END_OF_ARCHIVE.unpack(view[-_END_OF_ARCHIVE.size :])
+            if signature != b"PK\x05\x06" or comment_length != 0:
+                return "the end of a torch.save archive (the file is cut short)"
+            return _records_mismatch(handle, mapped, view)
+
+
+def _records_mismatch(handle: BinaryIO, mapped: mmap.mmap, view: memoryview) -> str:
+    with zipfile.ZipFile(handle) as archive:
+        records = archive.infolist()
+    if all(record.CRC == 0 for record in records):
+        return ""  # saved with torch's CRC-32s off and no archive comment: nothing to check against
+    damaged = []
+    for record in records:
+        signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(mapped, record.header_offset)
+        start = record.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+        with view[start : start + record.compress_size] as data:
+            if signature != b"PK\x03\x04" or len(data) != record.compress_size or zlib.crc32(data) != record.CRC:
+                damaged.append(record.filename)
+    return f"their CRC-32 checksums: {', '.join(damaged)}" if damaged else ""
 
 
 def existing(output_dir: str | Path, run_id: str | None) -> list[Path]:
@@ -130,7 +170,7 @@ def load(path: Path, training_state: bool = True) -> dict:
     """A checkpoint's contents after its CRC-32s are checked (in a second thread, beside torch.load);
     training_state=False also takes best.pt and model.pt (weights only)."""
     with ThreadPoolExecutor(1) as pool:
-        checked = pool.submit(damaged_records, path)
+        checked = pool.submit(checksum_mismatch, path)
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except FileNotFoundError:
@@ -143,18 +183,39 @@ def load(path: Path, training_state: bool = True) -> dict:
                 f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
             ) from None
         try:
-            damaged = checked.result()
+            mismatch = checked.result()
         except (OSError, ValueError, struct.error, zipfile.BadZipFile) as error:
             raise CheckpointError(f"checkpoint {path} is damaged ({type(error).__name__}: {error})") from None
-    if damaged:
-        raise CheckpointError(
-            f"checkpoint {path} is damaged (its contents do not match their CRC-32 checksums: {', '.join(damaged)})"
-        )
+    if mismatch:
+        raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match {mismatch})")
     if not isinstance(state, dict) or "model" not in state or (training_state and "global_step" not in state):
         what = "a training state (no model or global_step)" if training_state else "a model (no 'model' entry)"
         raise CheckpointError(f"checkpoint {path} does not hold {what}")
     state.pop(EARLIER_CHECKSUM, None)
     return state
+
+
+def saved_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """The shape of every model tensor in a checkpoint, read without reading the tensors (None: it does not load).
+
+    The file is mapped, not read, and unmapped before this returns (a mapped file could not be renamed on Windows).
+    """
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return {name: tuple(tensor.shape) for name, tensor in state["model"].items()}
+    except Exception:  # damaged or not a checkpoint: load_newest_good reports it and sets it aside
+        return None
+
+
+def misfit(model: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]]) -> str | None:
+    """The first tensor in which a checkpoint's model (name -> shape) differs from the model's, described."""
+    for name, shape in model.items():
+        if name not in saved:
+            return f"{name} {list(shape)} is in the model but not in the checkpoint"
+        if saved[name] != shape:
+            return f"{name} is {list(saved[name])} in the checkpoint and {list(shape)} in the model"
+    extra = next((name for name in saved if name not in model), None)
+    return f"{extra} {list(saved[extra])} is in the checkpoint but not in the model" if extra else None
 
 
 def set_aside(path: Path) -> Path:

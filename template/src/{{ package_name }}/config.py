@@ -381,8 +381,12 @@ def from_command_line(argv: list[str] | None, prog: str) -> Config:
     except ConfigError as error:
         build_parser(prog).error(str(error))
     parser = build_parser(prog, current=config)
-    args = vars(parser.parse_args(argv))
-    args.pop("config")
+    return with_flags(config, vars(parser.parse_args(argv)), parser)
+
+
+def with_flags(config: Config, args: dict, parser: argparse.ArgumentParser) -> Config:
+    """`config` with the flags build_parser parsed (`--set` included); exits with status 2 on bad input."""
+    args.pop("config", None)
     settings = config.settings
     try:
         for assignment, typed in args.pop("set") or []:

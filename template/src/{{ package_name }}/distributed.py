@@ -30,6 +30,7 @@ import gc
 import json
 import logging
 import multiprocessing.connection
+import multiprocessing.util
 import os
 import shutil
 import signal
@@ -250,10 +251,9 @@ _heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _
 START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 # Imported once by the fork server, never by the launcher; importing torch does not initialize CUDA, so
 # the forked ranks can. fork_server comes first: it turns the collector off before torch loads and makes the
-# server exit without tearing torch down. Not torch._dynamo, though DDP's constructor imports it in every rank
-# (about 1 CPU-s each): the server imports alone, before any rank starts, so every launch waits longer (a refusal
-# 2.5 s instead of 1.3) and the CPU it saves comes back as idle time. Every rank imports the project's other
-# modules afresh, as a spawned rank would.
+# server exit without tearing torch down. Not torch._dynamo, though DDP's constructor imports it in every rank:
+# the server imports alone, before any rank starts, so every launch (a refusal too) would wait for it while the
+# other cores idle. Every rank imports the project's other modules afresh, as a spawned rank would.
 PRELOADED = (f"{__package__}.fork_server", "torch")
 
 
@@ -294,9 +294,9 @@ def rank_program(program: str = "run_rank"):
     paused, then everything imported frozen.
 
     torch and the engine live as long as the rank; frozen, they are never walked by its later collections, the
-    first of which run while DDP's constructor imports torch._dynamo. A spawned, torchrun or Slurm rank: `import
-    torch` and `torch._dynamo` 2.5 -> 2.0 CPU-s (docs/performance.md in the template); a fork server's child
-    finds torch frozen already. Only here, never in the launcher: rank.py imports torch; the recipe comes later.
+    first of which run while DDP's constructor imports torch._dynamo, which makes those imports cheaper in a
+    spawned, torchrun or Slurm rank; a fork server's child finds torch frozen already. Only here, never in the
+    launcher: rank.py imports torch; the recipe comes later.
     """
     collecting = gc.isenabled()
     gc.disable()
@@ -345,8 +345,11 @@ def _spawned_rank(
 def exit_now(status: int) -> None:
     """Leave without the interpreter's teardown of torch (about a second per process), once all is written.
 
-    Everything a run keeps was fsynced when it was saved; logs and the console are flushed here.
+    Everything a run keeps was fsynced when it was saved; logs and the console are flushed here. What
+    multiprocessing does at the end of every process it started runs here too: it stops the DataLoader
+    workers and releases their queues' semaphores, which the resource tracker would otherwise report leaked.
     """
+    multiprocessing.util._exit_function()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -66,12 +66,8 @@ def from_command_line(argv: list[str] | None) -> tuple[settings.Config, Path, st
     checkpoint, split = args.pop("checkpoint"), args.pop("split")
     if not checkpoint.is_file():
         parser.error(f"checkpoint not found: {checkpoint}")
-    changed = {key: value for key, value in args.items() if value is not None and key in SETTING_NAMES}
-    config = dataclasses.replace(config, **changed, max_restarts=0)  # a failed evaluation is simply run again
-    found = config.problems()
-    if found:
-        parser.error("; ".join(found))
-    return config, checkpoint, split
+    config = settings.with_flags(config, args, parser)
+    return dataclasses.replace(config, max_restarts=0), checkpoint, split  # a failed evaluation is simply rerun
 
 
 def main(argv: list[str] | None = None) -> int:

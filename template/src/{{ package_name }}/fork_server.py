@@ -6,9 +6,9 @@ The server only forks ranks and DataLoader workers; it holds no file, no GPU and
   off in the server, everything it imported frozen before each fork, on again in every child. torch then
   imports without collections in the server, and a child's collections never walk torch's hundreds of
   thousands of objects: its first imports (torch._dynamo, which DDP's constructor loads) run faster and touch
-  fewer shared pages. A 2-rank CPU run: 4.3 -> 3.6 CPU-s (docs/performance.md in the template).
+  fewer shared pages.
 - No teardown: when its launcher (or rank) ends, Python would unload torch module by module before the
-  server exits, about 0.4 CPU-s after every run and every rank with workers, for nothing. Its children end
+  server exits, for nothing. Its children end
   through os._exit, as every forkserver child does, and never run this; the pid check keeps it so should
   one of them exit another way.
 """

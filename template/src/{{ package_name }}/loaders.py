@@ -7,6 +7,11 @@ Validation: each rank takes every world_size-th sample, without DistributedSampl
 exactly the N validation samples count once.
 A batch may be any structure of tensors (tuples, lists, dicts, namedtuples, dataclasses): `to_device`
 moves each tensor in it, and `samples_in` counts the batch by its first tensor's leading dimension.
+
+Random draws inside the dataset (augmentation in `__getitem__`, with torch, numpy or Python's random)
+are seeded per sample from (seed, epoch, index) by SampleSeeded: they depend on which sample is drawn
+in which epoch, never on the process that draws it, so any num_workers and a resume mid-epoch give the
+same batches.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ def tensors_in(batch):
 
 def samples_in(batch) -> int:
     """How many samples the batch holds: the leading dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor) and batch.dim():  # the common case, without walking a structure
+        return len(batch)
     first = next(tensors_in(batch), None)
     if first is None or first.dim() == 0:
         raise TypeError(
@@ -88,7 +95,8 @@ class ResumableSampler(DistributedSampler):
     """DistributedSampler whose next epoch can start after the first `skip` of this rank's samples.
 
     A run resumed mid-epoch continues with exactly the samples it had not trained on yet, without
-    loading the ones it skips. The order is DistributedSampler's own (seed + epoch).
+    loading the ones it skips. The order is DistributedSampler's own (seed + epoch). It yields
+    (epoch, index) pairs, so that SampleSeeded, in whichever worker, knows the epoch too.
     """
 
     skip = 0
@@ -96,7 +104,7 @@ class ResumableSampler(DistributedSampler):
     def __iter__(self):
         order = list(super().__iter__())
         skip, self.skip = self.skip, 0  # only the first epoch after a resume starts part-way
-        return iter(order[skip:])
+        return iter([(self.epoch, index) for index in order[skip:]])
 
     def __len__(self) -> int:
         return self.num_samples - self.skip
@@ -115,6 +123,61 @@ class EveryNth(Sampler):
         return len(self.indices)
 
 
+_BITS = 2**64 - 1
+
+
+def sample_seed(*numbers: int) -> int:
+    """A 64-bit seed that depends on every one of the numbers (splitmix64's mixing, one round per number)."""
+    mixed = 0x9E3779B97F4A7C15
+    for number in numbers:
+        mixed = ((mixed ^ (number & _BITS)) * 0xBF58476D1CE4E5B9) & _BITS
+        mixed = ((mixed ^ (mixed >> 31)) * 0x94D049BB133111EB) & _BITS
+    return mixed ^ (mixed >> 29)
+
+
+class SampleSeeded(Dataset):
+    """The recipe's dataset, with torch's, numpy's and Python's random draws seeded per sample.
+
+    A sample's draws come from (seed, epoch, index); a dataset with `__getitems__` gets one seed per
+    batch, from its first sample. Validation samples (plain indices) use epoch -1: the same every epoch.
+    The process's own streams are put back after each batch, so a rank without workers keeps its
+    dropout stream. Only CPU generators are seeded: workers cannot use CUDA.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+        self.batched = callable(getattr(dataset, "__getitems__", None))
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def seed_draws(self, epoch: int, index: int) -> None:
+        seed = sample_seed(self.seed, epoch, index)
+        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds CUDA's streams too
+        np.random.seed((seed & 0xFFFFFFFF, seed >> 32))
+        random.seed(seed)
+
+    def __getitem__(self, key):
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list):
+        keys = [key if isinstance(key, tuple) else (-1, key) for key in keys]
+        saved = torch.default_generator.get_state(), np.random.get_state(), random.getstate()
+        try:
+            if self.batched:
+                self.seed_draws(*keys[0])
+                return self.dataset.__getitems__([index for _, index in keys])
+            samples = []
+            for epoch, index in keys:
+                self.seed_draws(epoch, index)
+                samples.append(self.dataset[index])
+            return samples
+        finally:
+            torch.default_generator.set_state(saved[0])
+            np.random.set_state(saved[1])
+            random.setstate(saved[2])
+
+
 def seed_worker(worker_id: int) -> None:
     """DataLoader workers: python and numpy follow the worker's torch seed (set from the loader's generator)."""
     seed = torch.initial_seed() % 2**32
@@ -122,9 +185,9 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, seed: int, pin: bool, **more):
+def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, seed: int, rank: int, pin: bool, **more):
     return DataLoader(
-        dataset,
+        SampleSeeded(dataset, seed),
         batch_size=batch_size,
         sampler=sampler,
         collate_fn=collate,
@@ -135,7 +198,7 @@ def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, s
         # once per worker.
         multiprocessing_context=process_context() if workers > 0 else None,
         worker_init_fn=seed_worker,
-        generator=torch.Generator().manual_seed(seed),
+        generator=torch.Generator().manual_seed(seed + rank),
         pin_memory=pin,
         **more,
     )
@@ -144,8 +207,8 @@ def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, s
 def training_loader(dataset, micro_batch: int, rank: int, world_size: int, seed: int, workers: int, pin: bool):
     # drop_last twice: every rank gets as many samples (sampler) and every micro-batch is full (loader).
     sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
-    return _loader(dataset, micro_batch, sampler, workers, seed + rank, pin, drop_last=True)
+    return _loader(dataset, micro_batch, sampler, workers, seed, rank, pin, drop_last=True)
 
 
 def validation_loader(dataset, batch: int, rank: int, world_size: int, seed: int, workers: int, pin: bool):
-    return _loader(dataset, batch, EveryNth(len(dataset), rank, world_size), workers, seed + rank, pin)
+    return _loader(dataset, batch, EveryNth(len(dataset), rank, world_size), workers, seed, rank, pin)

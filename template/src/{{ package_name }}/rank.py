@@ -113,7 +113,8 @@ def load_recipe(name: str):
 
 
 def refusal(config: Config, info: RankInfo) -> str | None:
-    """What stops this run before its ranks meet: the backend, a bad checkpoint path, best_metric, another run's folder.
+    """What stops this run before its ranks meet: the backend, a bad checkpoint path, best_metric, a checkpoint that
+    does not fit the model, another run's folder.
 
     Only rank 0 reads the checkpoint and claims the folder (the others wait for it in init_process_group
     and write nothing until then), so a big checkpoint is read once and --overwrite deletes once.
@@ -133,7 +134,40 @@ def refusal(config: Config, info: RankInfo) -> str | None:
             resumed_run = checkpoint.load(Path(config.resume)).get("run_id")
         except checkpoint.CheckpointError as error:
             return str(error)
-    return records.claim_output_dir(Path(config.output_dir), config.resume, config.overwrite, resumed_run)
+    return unfit_checkpoint(config, info) or records.claim_output_dir(
+        Path(config.output_dir), config.resume, config.overwrite, resumed_run
+    )
+
+
+def unfit_checkpoint(config: Config, info: RankInfo) -> str | None:
+    """Why the checkpoint this run would continue from cannot load into the recipe's model (model.py changed).
+
+    Checked before anything is written, by building the model once more on rank 0, only when there is a
+    checkpoint to continue from; the random streams are left as they were.
+    """
+    output_dir = Path(config.output_dir)
+    if config.resume == "none":
+        return None
+    if config.resume == "auto":
+        paths = checkpoint.existing(output_dir, records.run_id_of(output_dir))
+    else:
+        paths = [Path(config.resume)]
+    for path in paths:  # the first that loads: the trainer reports damaged ones and sets them aside
+        saved = checkpoint.saved_shapes(path)
+        if saved is not None:
+            break
+    else:
+        return None
+    with torch.random.fork_rng(devices=[]):
+        model = importlib.import_module(config.recipe).model(config, devices_for(config, info.local_rank))
+    problem = checkpoint.misfit({name: tuple(value.shape) for name, value in model.state_dict().items()}, saved)
+    if problem is None:
+        return None
+    return (
+        f"checkpoint {path} does not fit the model: {problem}; nothing was changed. To train this model, start a "
+        f"new run: --resume none with a new --output-dir, or --resume none --overwrite to replace the run in "
+        f"{output_dir}"
+    )
 
 
 def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Trainer:

@@ -57,48 +57,46 @@ class Totals:
     """What a recipe reports per batch, summed over batches in fp64, without a device sync per batch.
 
     `means` are the batch's per-sample means (the loss, values a training_step logs): weighted by the batch's
-    samples. `sums` are sums already (metric(), validation_step's counts), of any shape. Each batch's tensors
-    wait in lists and are folded when asked (and every 1024 batches): one stack per name, not several small
-    operations per step.
+    samples. `sums` are sums already (metric(), validation_step's counts), of any shape. A batch costs one
+    append; the batches wait, detached, and are folded when asked (and every 1024 batches): one stack per name.
+    Every batch reports the same names.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.folded: dict[str, torch.Tensor] = {}
         self.samples = torch.zeros((), dtype=torch.float64, device=device)
-        self.counts: list[int] = []
-        self.means: dict[str, list] = {}
-        self.sums: dict[str, list] = {}
+        self.waiting: list[tuple[int, dict, dict]] = []
 
     def add(self, samples: int, means: dict, sums: dict) -> None:
-        self.counts.append(samples)
-        for waiting, values in ((self.means, means), (self.sums, sums)):
-            for name, value in values.items():
-                waiting.setdefault(name, []).append(as_tensor(value, self.device))
-        if len(self.counts) == 1024:
+        self.waiting.append((samples, means, sums))
+        if len(self.waiting) == 1024:
             self.fold()
 
     def fold(self) -> dict[str, torch.Tensor]:
         """{name: sum so far} (a mean times its batch's samples); `self.samples` the samples so far."""
-        if self.counts:
-            counts = torch.tensor(self.counts, dtype=torch.float64, device=self.device)
-            for name, values in self.means.items():
-                self.folded[name] = self.folded.get(name, 0) + torch.stack(values).double() @ counts
-            for name, values in self.sums.items():
-                self.folded[name] = self.folded.get(name, 0) + torch.stack(values).double().sum(0)
+        if self.waiting:
+            counts = torch.tensor([batch[0] for batch in self.waiting], dtype=torch.float64, device=self.device)
+            for position, weighted in ((1, True), (2, False)):
+                for name in self.waiting[0][position]:
+                    values = stacked([batch[position][name] for batch in self.waiting], self.device)
+                    total = values @ counts if weighted else values.sum(0)
+                    self.folded[name] = self.folded.get(name, 0) + total
             self.samples += counts.sum()
-            self.counts, self.means, self.sums = [], {}, {}
+            self.waiting = []
         return self.folded
 
     def layout(self) -> list[tuple[str, tuple[int, ...]]]:
         return [(name, tuple(value.shape)) for name, value in self.fold().items()]
 
 
-def as_tensor(value, device: torch.device) -> torch.Tensor:
-    """A reported value, detached, on the device of the totals: a tensor of any shape, or a Python number."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to(device, non_blocking=True)
-    return torch.tensor(float(value), dtype=torch.float64, device=device)
+def stacked(values: list, device: torch.device) -> torch.Tensor:
+    """Reported values (tensors of one shape, or Python numbers) as one fp64 tensor on `device`."""
+    try:
+        together = torch.stack(values)  # the common case: tensors on one device
+    except (TypeError, RuntimeError):  # numbers, or tensors on the two devices of a split model
+        together = torch.stack([torch.as_tensor(value).to(device) for value in values])
+    return together.to(device, torch.float64)
 
 
 def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], float]]:
@@ -164,7 +162,7 @@ class Trainer:
         self.resumed = False  # marks the first epoch after a resume in metrics.csv (and the plot)
         self.crash_at = faults.crash_step(info.rank)
         # The recipe's optional functions; without them, (inputs, targets) batches with loss and metric.
-        self.step = self.custom_step if hasattr(recipe, "training_step") else self.pair_step
+        self.custom_steps = hasattr(recipe, "training_step")  # a flag, not a bound method: no cycle keeps self alive
         self.validation_step = getattr(recipe, "validation_step", None)
         self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         self.grad_norms: list[torch.Tensor] = []  # this epoch's, before clipping (max_grad_norm > 0)
@@ -327,18 +325,19 @@ class Trainer:
         """The recipe's training_step: the batch's mean loss, or (loss, {name: value to log})."""
         result = self.recipe.training_step(model, self.on_devices(batch))
         loss, logged = result if isinstance(result, tuple) else (result, {})
+        logged = {name: value.detach() if isinstance(value, torch.Tensor) else value for name, value in logged.items()}
         return loss, logged, {}, samples_in(batch)
 
     def run_step(self, batches, totals: Totals) -> None:
         """One optimizer step over accumulate_steps micro-batches; gradients are all-reduced on the last only."""
         self.optimizer.zero_grad(set_to_none=True)
-        parts = self.config.accumulate_steps
+        parts, step = self.config.accumulate_steps, self.custom_step if self.custom_steps else self.pair_step
         for micro in range(parts):
             with contextlib.nullcontext() if micro == parts - 1 else self.model.no_sync():
                 with self.autocast():
-                    loss, logged, sums, samples = self.step(self.model, next(batches))
+                    loss, logged, sums, samples = step(self.model, next(batches))
                 self.scaler.scale(loss if parts == 1 else loss / parts).backward()
-            totals.add(samples, {"loss": loss, **logged}, sums)
+            totals.add(samples, {"loss": loss.detach(), **logged}, sums)  # detached: no graph kept alive
         if self.config.max_grad_norm:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
             # The gradients are all-reduced, so every rank computes the same norm; over both devices of a split model.
@@ -352,12 +351,13 @@ class Trainer:
         """This rank's share of the validation set, every sample exactly once over all ranks."""
         module = self.model.module  # no collectives: ranks may hold one sample more or less
         module.eval()
+        step = self.custom_step if self.custom_steps else self.pair_step
         for batch in self.val_data:
             with self.autocast():
                 if self.validation_step is not None:
                     totals.add(samples_in(batch), {}, self.validation_step(module, self.on_devices(batch)))
                 else:
-                    loss, logged, sums, samples = self.step(module, batch)
+                    loss, logged, sums, samples = step(module, batch)
                     totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
 
@@ -446,7 +446,7 @@ class Trainer:
         value, epoch = self.best
         return (
             f"stopped early after epoch {self.epoch}: {self.config.best_metric} has not improved for {patience} "
-            f"epoch(s) since epoch {epoch} ({value}); best.pt holds epoch {epoch}, model.pt epoch {self.epoch}"
+            f"epoch(s)\nbest.pt holds epoch {epoch} ({self.config.best_metric} {value}), model.pt epoch {self.epoch}"
         )
 
     def stopped_at(self, signum: int) -> str:

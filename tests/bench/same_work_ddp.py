@@ -1,0 +1,78 @@
+"""A DDP loop written by hand that does the rendered project's work: the benchmark's same-work reference.
+
+The project's own data, model and loss, but none of its engine: mp.spawn, init_process_group(gloo),
+DistributedDataParallel(model), DataLoader + DistributedSampler, SGD with momentum, a cosine schedule,
+and the loss and the correct predictions summed every step (in tensors, synchronised once per epoch).
+What the engine adds beyond this (micro-batching, checkpoints, validation, records) is either outside
+the timed steps or has to cost nothing. Prints `steps-per-s <value>`: the median over epochs 2.. of each
+epoch's training steps, as bench.py reads the rendered project's metrics.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn import functional
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+
+def worker(rank: int, args: argparse.Namespace) -> None:
+    project = {name: importlib.import_module(f"{args.package}.{name}") for name in ("data", "loaders", "model")}
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))  # as the engine sets it
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    every = project["data"].make_dataset(args.samples + args.samples // 4, args.seed)
+    training = Subset(every, range(args.samples))
+    sampler = DistributedSampler(training, num_replicas=args.ranks, rank=rank, shuffle=True, seed=args.seed,
+                                 drop_last=True)  # fmt: skip
+    # The dataset's own batched fetch (__getitems__) needs the project's collate, which passes its batches on.
+    loader = DataLoader(training, batch_size=args.batch // args.ranks, sampler=sampler, drop_last=True,
+                        collate_fn=project["loaders"].collate)  # fmt: skip
+    torch.manual_seed(args.seed)
+    model = DistributedDataParallel(project["model"].build("ddp", (torch.device("cpu"),)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(loader))
+    rates = []
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        sums = torch.zeros(3, dtype=torch.float64)  # loss x samples, correct, samples
+        started = time.perf_counter()
+        for inputs, targets in loader:
+            optimizer.zero_grad(set_to_none=True)
+            outputs = model(inputs)
+            loss = functional.cross_entropy(outputs.float(), targets)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            sums[0] += loss.detach() * len(targets)
+            sums[1] += (outputs.detach().argmax(dim=1) == targets).sum()
+            sums[2] += len(targets)
+        rates.append(len(loader) / (time.perf_counter() - started))
+        dist.all_reduce(sums)
+    if rank == 0:
+        print(f"steps-per-s {statistics.median(rates[1:]):.3f}", flush=True)
+    dist.barrier()  # no rank tears gloo down while another still talks to it (a rank aborted once without it)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--package", required=True, help="the rendered project's package (installed)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64, help="global batch")
+    parser.add_argument("--samples", type=int, default=8192)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port", type=int, default=29778)
+    arguments = parser.parse_args()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(arguments.port))
+    mp.spawn(worker, args=(arguments,), nprocs=arguments.ranks)

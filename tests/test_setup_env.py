@@ -1,0 +1,102 @@
+"""scripts/setup_env.sh without conda, for real: it makes .venv, installs requirements.txt through a local
+stand-in of the mirror (tests/wheel_index.py, serving this machine's wheels under PyPI's and PyTorch's
+layouts), runs the doctor, and scripts/train.sh then trains in that .venv.
+
+pip reads no configuration of its own here: only the rendered requirements.txt says where packages come from.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from render import render
+from wheel_index import WheelIndex
+
+# What the project installs, fetched once from where this machine's pip finds it (a local folder here).
+NEEDED = [f"torch=={torch.__version__}", "numpy", "tqdm", "pytest>=7", "filelock", "setuptools>=64"]
+
+
+@pytest.fixture(scope="module")
+def local_mirror(tmp_path_factory):
+    if "+cpu" not in torch.__version__ or sys.platform == "win32":
+        pytest.skip("the venv path is run with a +cpu torch build, in bash")
+    folder = tmp_path_factory.mktemp("wheels")
+    fetched = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder), *NEEDED],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    if fetched.returncode != 0:
+        pytest.skip(f"pip cannot fetch the project's packages here: {fetched.stderr[-300:]}")
+    index = WheelIndex(sorted(folder.glob("*.whl")), ["simple", "whl/cpu"], [])
+    yield index
+    index.close()
+
+
+def without_conda_path() -> str:
+    """PATH without any folder that holds conda, as on a machine without it."""
+    folders = [f for f in os.environ["PATH"].split(os.pathsep) if not (Path(f) / "conda").exists()]
+    return os.pathsep.join([str(Path(sys.executable).parent), *folders])
+
+
+def test_setup_env_sh_makes_a_venv_from_requirements_and_train_sh_trains_in_it(tmp_path, local_mirror):
+    project = tmp_path / "my project"
+    render(project, {
+        "package_mirror": "custom", "target_os": "linux", "launcher": "spawn",
+        "conda_url": f"{local_mirror.url}/conda-forge",
+        "pypi_url": f"{local_mirror.url}/simple",
+        "torch_url": f"{local_mirror.url}/whl",
+    })  # fmt: skip
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("PIP_", "VIRTUAL_ENV", "CONDA"))}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_CACHE_DIR=str(tmp_path / "cache"),
+               PIP_NO_COMPILE="1", PATH=without_conda_path())  # fmt: skip
+    assert shutil.which("conda", path=env["PATH"]) is None
+    setup = subprocess.run([str(project / "scripts" / "setup_env.sh")], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=900)  # fmt: skip
+    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
+    assert "Environment .venv is ready. Next: scripts/train.sh (it uses .venv by itself)" in setup.stdout
+    assert f"torch from: {local_mirror.url}/whl/cpu (answers" in setup.stdout  # the doctor, from inside .venv
+    venv_python = project / ".venv" / "bin" / "python"
+    installed = subprocess.run([str(venv_python), "-c", "import torch; print(torch.__version__)"],
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert installed.stdout.strip() == torch.__version__  # exactly the pinned build
+    assert any(request.startswith("/whl/cpu/torch/") for request in local_mirror.requests)
+    train = subprocess.run(
+        [str(project / "scripts" / "train.sh"), "--epochs", "1", "--samples", "128", "--nproc-per-node", "1",
+         "--no-progress"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    assert "epoch 1/1" in train.stdout + train.stderr
+    assert (project / "outputs" / "model.pt").is_file()
+
+
+def test_setup_env_sh_without_a_python_of_the_pinned_version_says_how_to_name_one(tmp_path):
+    env = {**os.environ, "PATH": without_conda_path()}
+    missing = [v for v in ("3.14", "3.13", "3.12", "3.10") if not shutil.which(f"python{v}", path=env["PATH"])]
+    if not missing:
+        pytest.skip("this machine has every Python torch 2.13 has wheels for")
+    version = missing[0]
+    project = tmp_path / "p"
+    render(project, {"python_version": version, "target_os": "linux"})
+    done = subprocess.run([str(project / "scripts" / "setup_env.sh"), "--venv"], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"error: Python {version} was not found (the project pins it). Install it, or conda, then run this again; "
+        f"or name one: PYTHON=/path/to/python{version} scripts/setup_env.sh --venv"
+    )
+    assert not (project / ".venv").exists()
+
+
+def test_setup_env_sh_refuses_an_unknown_argument(tmp_path):
+    project = tmp_path / "p"
+    render(project, {})
+    done = subprocess.run([str(project / "scripts" / "setup_env.sh"), "--conda"], capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (2, "usage: scripts/setup_env.sh [--venv]\n")
