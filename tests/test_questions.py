@@ -53,6 +53,15 @@ REFUSED = {
     "zero-processes": ({"nproc_per_node": 0}, "use 1 or more"),
     "zero-nodes": ({"nnodes": 0}, "use 1 or more"),
     "bad-project-name": ({"project_name": "my project"}, "use letters, digits . _ - only"),
+    "torchvision-unknown-release": (
+        {"torch_version": "2.13.9", "extras": ["torchvision"]},
+        "use torch 2.4.0 to 2.14.1 for torchvision",
+    ),
+    "torchaudio-without-release": ({"extras": ["torchaudio"]}, "use torch 2.11.0 or older for torchaudio"),
+    "custom-mirror-malformed-url": (
+        {"package_mirror": "custom", "pypi_url": "pypi.example.org/simple"},
+        "use http(s)://host/path, no spaces",
+    ),
 }
 
 

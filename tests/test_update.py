@@ -148,7 +148,7 @@ def test_recipe_edits_survive_an_engine_change_and_the_project_still_trains(vers
     recipe = package / "recipe.py"
     mine = recipe.read_text(encoding="utf-8")
     mine = mine.replace(
-        "torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)",
+        'torch.optim.SGD(model.parameters(), lr=config.settings["lr"], momentum=config.settings["momentum"])',
         "torch.optim.AdamW(model.parameters(), lr=0.01)",
     )
     mine = mine.replace(
