@@ -203,5 +203,6 @@ def test_more_tasks_than_gpus_fails_the_job_with_the_count_and_the_fix(cluster, 
     # 1: a rank's own status; 143: srun stopped its peer first (SIGTERM)
     assert state["JobState"] == "FAILED" and state["ExitCode"] in ("1:0", "143:0"), state
     node_log = (project / "logs" / f"slurm-{job}-node0.out").read_text(encoding="utf-8")
-    assert f"2 GPU(s) needed for 2 process(es) with parallelism=ddp, {torch.cuda.device_count()} visible" in node_log
+    # Each task sees only the GPUs Slurm bound to it: 1 for plain DDP.
+    assert f"1 GPU(s) needed for this Slurm task with parallelism=ddp, {torch.cuda.device_count()} visible" in node_log
     assert not (tmp_path / "checkpoints").exists()

@@ -184,8 +184,9 @@ def backend_problems(config: Config, platform: str = sys.platform) -> list[str]:
     if config.device == "cuda":
         needed, gpus = gpus_each_process_needs(config), torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus < needed:
+            whose = "this Slurm task" if bound_by_slurm() else f"{config.nproc_per_node} process(es)"
             found.append(
-                f"{needed} GPU(s) needed for {config.nproc_per_node} process(es) with parallelism="
+                f"{needed} GPU(s) needed for {whose} with parallelism="
                 f"{config.parallelism}, {gpus} visible; fix: install the CUDA build of environment.yml, check "
                 f"nvidia-smi (python -m {__package__}.doctor), or train with what is here: {train} "
                 f"{as_flags(fit_to(config, gpus))}"
