@@ -22,6 +22,7 @@ import multiprocessing.connection
 import os
 import random
 import threading
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -197,8 +198,14 @@ def seed_worker(worker_id: int) -> None:
         threading.Thread(target=_exit_when_gone, args=(rank.sentinel,), name="rank-watch", daemon=True).start()
 
 
+# How long a worker whose rank is gone may finish by itself: a rank's normal exit also ends its workers,
+# and ending one mid-way through multiprocessing's own exit leaves a semaphore the resource tracker reports.
+WORKER_EXIT_GRACE_S = 3.0
+
+
 def _exit_when_gone(sentinel) -> None:
     multiprocessing.connection.wait([sentinel])
+    time.sleep(WORKER_EXIT_GRACE_S)
     os._exit(1)
 
 
