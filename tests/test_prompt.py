@@ -32,6 +32,7 @@ NAMES_AND_README = (
     "What is its Python package called?",
     "Which language should the README use?",
 )
+PACKAGES = ("Which companions of torch?", "Where do conda, pip and PyTorch's wheels come from?")
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +140,7 @@ def test_windows_gpu_project_typed_refusals_and_no_nccl_or_torchrun_to_pick(plai
     prompt.sees("Validation error for question 'master_port': use 1024 to 65535, such as 29500")
     prompt.send(CLEAR_LINE + "29510" + ENTER)
     prompt.answer("Which autocast precision", DOWN, ENTER)  # fp16 is enabled: this project has CUDA GPUs
+    defaults_until(prompt, *PACKAGES)
     prompt.finish()
     # Never offered: the collective backend (Windows has no NCCL) and the launcher (Windows always spawns).
     assert not prompt.ever_showed("collective backend") and not prompt.ever_showed("start the ranks")
@@ -164,6 +166,7 @@ def test_cpu_project_shows_fp16_disabled_with_its_fix_and_skips_it(plain_templat
     menu = prompt.sees("bf16 (CPU or CUDA)")
     assert "- fp16 (CUDA only, with a GradScaler) (use bf16 or no: fp16 needs CUDA)" in menu
     prompt.send(DOWN + ENTER)  # one step down skips the disabled fp16 and lands on bf16
+    defaults_until(prompt, *PACKAGES)
     prompt.finish()
     answers = prompt.answers()
     assert (answers["mixed_precision"], answers["launcher"], answers["target_os"]) == ("bf16", "torchrun", "both")
@@ -180,9 +183,12 @@ def test_linux_gpu_project_may_pick_nccl(plain_template, tmp_path):
     prompt.answer("Which collective backend?", DOWN, DOWN, ENTER)
     defaults_until(prompt, "How should Linux start the ranks?", "How many machines", "Which TCP port",
                    "Which autocast precision")  # fmt: skip
+    prompt.answer(PACKAGES[0], " ", ENTER)  # space selects torchvision, the first
+    prompt.answer(PACKAGES[1], DOWN, ENTER)  # china
     prompt.finish()
     answers = prompt.answers()
     assert (answers["backend"], answers["launcher"], answers["cuda"]) == ("nccl", "torchrun", "cu126")
+    assert (answers["extras"], answers["package_mirror"]) == (["torchvision"], "china")
     assert 'backend = "nccl"' in prompt.config()
 
 
