@@ -49,6 +49,7 @@ EDITS = {
     "python_version": '"3.12"',
     "launcher": '"torchrun"',
     "torch_index_url": '"https://mirrors.nju.edu.cn/pytorch/whl/cpu"',
+    "cuda_tags": '["cu126"]',
     "torch_pip_option": '"--find-links"',
     "package_mirror": '"china"',
     "pypi_index_url": '"https://pypi.tuna.tsinghua.edu.cn/simple"',

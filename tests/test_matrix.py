@@ -44,7 +44,7 @@ def expected_refusal(series: str, tag: str, target_os: str, python: str) -> str 
         return OUT_OF_RANGE[series]
     stable, experimental, pythons, windows_ok = PUBLISHED[series]
     if not windows_ok and target_os != "linux":
-        return "use 2.7.1 or 2.10+ on Windows"
+        return "use 2.10+: gloo fails on Windows"
     if python not in pythons:
         ordered = sorted(pythons, key=version_key)
         return f"use {ordered[0]} to {ordered[-1]} for torch {series}"

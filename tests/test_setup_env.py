@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,17 +20,25 @@ import torch
 from render import render
 from wheel_index import WheelIndex
 
-# What the project installs, fetched once from where this machine's pip finds it (a local folder here).
-NEEDED = [f"torch=={torch.__version__}", "numpy", "tqdm", "pytest>=7", "filelock", "setuptools>=64"]
+
+def needed(project: Path) -> list[str]:
+    """What setup_env.sh installs: the torch pin, the project's own and test requirements, its build backend."""
+    pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
+    return [f"torch=={torch.__version__}", *pyproject["project"]["dependencies"],
+            *pyproject["project"]["optional-dependencies"]["test"], *pyproject["build-system"]["requires"]]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def local_mirror(tmp_path_factory):
+    """The mirror's stand-in, with every wheel the project needs, fetched once from where this machine's pip finds
+    them (a local folder here)."""
     if "+cpu" not in torch.__version__ or sys.platform == "win32":
         pytest.skip("the venv path is run with a +cpu torch build, in bash")
     folder = tmp_path_factory.mktemp("wheels")
+    project = tmp_path_factory.mktemp("probe") / "p"
+    render(project, {})
     fetched = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder), *NEEDED],
+        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder), *needed(project)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     if fetched.returncode != 0:

@@ -137,7 +137,7 @@ def test_recipe_edits_survive_an_engine_change_and_the_project_still_trains(vers
     template_recipe = package_dir / "recipe.py"
     template_recipe.write_text(
         template_recipe.read_text(encoding="utf-8").replace(
-            "momentum=config.momentum)", "momentum=config.momentum, nesterov=True)"
+            'momentum=config.settings["momentum"])', 'momentum=config.settings["momentum"], nesterov=True)'
         ),
         encoding="utf-8",
     )
@@ -148,7 +148,7 @@ def test_recipe_edits_survive_an_engine_change_and_the_project_still_trains(vers
     recipe = package / "recipe.py"
     mine = recipe.read_text(encoding="utf-8")
     mine = mine.replace(
-        "torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)",
+        'torch.optim.SGD(model.parameters(), lr=config.settings["lr"], momentum=config.settings["momentum"])',
         "torch.optim.AdamW(model.parameters(), lr=0.01)",
     )
     mine = mine.replace(

@@ -16,6 +16,7 @@ a run lists, resumes from and prunes only its own.
 from __future__ import annotations
 
 import contextlib
+import math
 import mmap
 import os
 import pickle
@@ -86,6 +87,27 @@ def _without_record_crc32s():
         yield
     finally:
         serialization_config.save.compute_crc32 = before
+
+
+def on_cpu(state_dict: dict) -> dict:
+    """A model's state_dict with every tensor on the CPU: model.pt, best.pt and checkpoints then load on a machine
+    without the GPU(s) that trained them (torch.load would otherwise look for "cuda:1" there)."""
+    return {
+        name: value.detach().cpu() if isinstance(value, torch.Tensor) else value for name, value in state_dict.items()
+    }
+
+
+def slow_save_warning(seconds: float, timeout_s: int) -> str | None:
+    """Past half of timeout_s, a save risks the job: the other ranks wait for it in barrier(), and one that takes
+    longer than timeout_s ends the job (nccl: "Watchdog caught collective operation timeout")."""
+    if seconds < timeout_s / 2:
+        return None
+    enough = max(2 * timeout_s, 60 * math.ceil(4 * seconds / 60))
+    return (
+        f"saving the checkpoint took {seconds:.0f} s, more than half of timeout_s={timeout_s}: the other ranks wait "
+        f"for it, and a save longer than timeout_s stops the job; set timeout_s = {enough} in configs/train.toml "
+        f"(--timeout-s {enough}), or put output_dir on a faster disk"
+    )
 
 
 def _write_summed(state: dict, handle: BinaryIO) -> None:

@@ -31,7 +31,7 @@ except Exception as error:  # noqa: BLE001 - ImportError, OSError ("libcudnn.so.
     TORCH_FAILURE = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
 
 from .config import DEFAULT_CONFIG, Config, ConfigError, load
-from .distributed import LaunchError, backend_problems, check_port_free, exit_now, gloo_binding
+from .distributed import LaunchError, backend_problems, check_port_free, exit_now, gloo_binding, visible_gpus
 from .logs import wrapped
 
 PROG = f"python -m {__package__}.doctor"
@@ -132,6 +132,7 @@ def compare(config: Config) -> list[Finding]:
             )
         )
     found += [Finding("FAIL", problem) for problem in backend_problems(config)]
+    found += gpu_architectures(config)
     if config.nnodes > 1 and config.node_rank == 0:  # one machine needs no port: its ranks meet through a file
         try:
             check_port_free(config.master_addr, config.master_port)
@@ -140,6 +141,74 @@ def compare(config: Config) -> list[Finding]:
     if not found:
         found.append(Finding("ok", "this machine matches the project's answers"))
     return found
+
+
+def tag_covers(tag: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The lowest and highest compute capability that PyTorch's builds of a CUDA wheel tag have kernels for.
+
+    CUDA 12.8 added Blackwell (sm_100, sm_120: RTX 50xx); CUDA 13 dropped Maxwell, Pascal and Volta (GTX 10xx).
+    """
+    version = int(tag[2:])
+    if version < 128:
+        return (5, 0), (9, 0)
+    return ((5, 0), (12, 0)) if version < 130 else ((7, 5), (12, 1))
+
+
+def runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """Whether a build with these architectures (torch.cuda.get_arch_list(): sm_86, sm_90a, compute_90 ...) has
+    code for a GPU: a cubin of the same major version and no higher minor, or PTX of no higher version (JIT)."""
+    for arch in arch_list:
+        kind, _, number = arch.partition("_")
+        digits = number.rstrip("abcdefghijklmnopqrstuvwxyz")
+        if not digits.isdigit() or len(digits) < 2:
+            continue
+        built = (int(digits[:-1]), int(digits[-1]))
+        if kind == "compute" and built <= capability:
+            return True
+        same_family = built[0] == capability[0] and built[1] <= capability[1]
+        if kind == "sm" and (same_family if digits == number else built == capability):  # sm_90a: sm_90 alone
+            return True
+    return False
+
+
+def architecture_findings(
+    gpus: dict[int, tuple[str, tuple[int, int]]], arch_list: list[str], wanted: dict, installed_tag: str
+) -> list[Finding]:
+    """A FAIL for each GPU the installed build has no kernels for, naming the CUDA tag whose builds do."""
+    offered = wanted.get("cuda_tags") or [installed_tag]
+    found = []
+    for index, (name, capability) in gpus.items():
+        if runs_on(capability, arch_list):
+            continue
+        sm = f"sm_{capability[0]}{capability[1]}"
+        fitting = [tag for tag in offered if tag != "cpu" and tag_covers(tag)[0] <= capability <= tag_covers(tag)[1]]
+        problem = (
+            f"GPU {index} ({name}) is {sm}, and this torch build ({installed_tag}) has kernels for "
+            f'{", ".join(arch_list) or "no GPU"} only: training would fail with "no kernel image is available for '
+            'execution on the device"'
+        )
+        version = wanted.get("torch_version", torch.__version__.split("+")[0])
+        if fitting:
+            tag, current, url = fitting[0], wanted.get("cuda", ""), wanted.get("torch_index_url", "")
+            same_index = current and url.endswith(current)  # a mirror's address, with the other tag at its end
+            index_url = url[: -len(current)] + tag if same_index else f"https://download.pytorch.org/whl/{tag}"
+            fix = (
+                f"use the {tag} build: copier update --defaults --data cuda={tag}, then "
+                f"pip install --force-reinstall torch=={version}+{tag} {torch_source_option(wanted)} {index_url}"
+            )
+        else:
+            fix = (
+                f"no CUDA build of torch {version} ({', '.join(offered)}) covers {sm}: pick a torch release whose "
+                "builds do (copier update --defaults --data torch_version=X.Y.Z)"
+            )
+        found.append(Finding("FAIL", f"{problem}; fix: {fix}"))
+    return found
+
+
+def gpu_architectures(config: Config) -> list[Finding]:
+    """Each visible GPU's sm_XY against the architectures the installed torch was built for."""
+    gpus = visible_gpus()
+    return architecture_findings(gpus, torch.cuda.get_arch_list(), config.environment, cuda_tag()) if gpus else []
 
 
 def torch_source_option(wanted: dict) -> str:
@@ -291,9 +360,21 @@ def _train() -> str:
     return f"python -m {__package__}.train"
 
 
+def smoke_check(config: Config) -> int:
+    from .smoke import main as smoke
+
+    return smoke(config)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="train a short real run on this machine's devices (about 20 steps, a checkpoint, a resume) and print "
+        "PASS or FAIL for each step, with the fix",
+    )
     parser.add_argument("--master-port", type=int, help="check this port instead of master_port in the config")
     args = parser.parse_args(argv)
     try:
@@ -304,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         config = dataclasses.replace(config, master_port=args.master_port)
     if torch is None:
         return torch_missing(config)
+    if args.smoke:
+        return smoke_check(config)
     wanted = config.environment
     sources, unreachable = probe_sources(wanted)
     driver = driver_version()

@@ -17,7 +17,11 @@ same batches.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import os
 import random
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -179,10 +183,23 @@ class SampleSeeded(Dataset):
 
 
 def seed_worker(worker_id: int) -> None:
-    """DataLoader workers: python and numpy follow the worker's torch seed (set from the loader's generator)."""
+    """DataLoader workers: python and numpy follow the worker's torch seed (set from the loader's generator).
+
+    A worker also ends with its rank. One from a fork server is the server's child, and the server lives
+    as long as any of its children: torch's check that the worker's parent is alive never fails, so a rank
+    that crashed or was killed would leave its workers running, holding the console's output open.
+    """
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)
+    rank = multiprocessing.parent_process()  # the process that started the worker, whatever its OS parent
+    if rank is not None:
+        threading.Thread(target=_exit_when_gone, args=(rank.sentinel,), name="rank-watch", daemon=True).start()
+
+
+def _exit_when_gone(sentinel) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
 
 
 def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, seed: int, rank: int, pin: bool, **more):

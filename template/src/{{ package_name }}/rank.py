@@ -254,6 +254,13 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
     return 0
 
 
+def run_smoke_probe(config: Config, info: RankInfo) -> int:
+    """One rank of `python -m <package>.doctor --smoke`'s probe (smoke.py)."""
+    from .smoke import probe_rank
+
+    return probe_rank(config, info)
+
+
 def run_rank(config: Config, info: RankInfo) -> int:
     """Everything one rank does, from its checks to clean-up. A refusal raises LaunchError before any write."""
     die_with_the_launcher()

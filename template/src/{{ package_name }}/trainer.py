@@ -138,6 +138,21 @@ def validation_metrics(recipe, sums: dict[str, torch.Tensor], samples: float) ->
     return values
 
 
+def restore_scaler(scaler, saved_precision: str | None, precision: str, saved_state: dict, log) -> None:
+    """Load the GradScaler's state only when both runs used fp16, and say when the precision changed.
+
+    A run without fp16 saved a disabled scaler's empty state, which an enabled one refuses ("The source state
+    dict is empty"): a resume into fp16 starts a fresh scale instead; one out of fp16 has no scaler to load.
+    """
+    if saved_precision is not None and saved_precision != precision:
+        log.warning(
+            f"precision changed from {saved_precision} to {precision} on resume"
+            + (": the fp16 GradScaler starts from its initial scale" if precision == "fp16" else "")
+        )
+    if saved_precision == precision == "fp16" and saved_state:
+        scaler.load_state_dict(saved_state)
+
+
 class Trainer:
     """One rank's training, given the objects the recipe built, as in PyTorch's DDP tutorial."""
 
@@ -170,10 +185,10 @@ class Trainer:
     # -- state -------------------------------------------------------------
     def state(self) -> dict:
         rng_states: list = [None] * self.info.world_size
-        dist.all_gather_object(rng_states, rng.state())  # a collective: every rank calls state()
+        dist.all_gather_object(rng_states, rng.state(self.devices))  # a collective: every rank calls state()
         return {
             "run_id": self.run_id,
-            "model": self.model.module.state_dict(),
+            "model": checkpoint.on_cpu(self.model.module.state_dict()),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "total_steps": self.total_steps,
@@ -197,11 +212,11 @@ class Trainer:
     def load_state(self, state: dict) -> None:
         self.model.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
+        restore_scaler(self.scaler, state["config"].get("precision"), self.config.precision, state["scaler"], self.log)
         self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
         self.best = state.get("best")
         if len(state["rng"]) == self.info.world_size:
-            rng.set_state(state["rng"][self.info.rank])
+            rng.set_state(state["rng"][self.info.rank], self.devices)
         else:
             self.log.warning(
                 f"checkpoint holds RNG states of {len(state['rng'])} ranks, this job has "
@@ -266,8 +281,12 @@ class Trainer:
         """Rank 0 writes; everyone waits so no rank runs ahead of a checkpoint."""
         state = self.state()
         if self.info.rank == 0:
+            started = time.perf_counter()
             checkpoint.save_atomic(state, checkpoint.path_for(self.output_dir, self.global_step, self.run_id))
             checkpoint.prune(self.output_dir, self.run_id, self.config.keep_checkpoints)
+            late = checkpoint.slow_save_warning(time.perf_counter() - started, self.config.timeout_s)
+            if late:
+                self.log.warning(late)
         dist.barrier()
 
     def save_mid_epoch(self, training: Totals) -> None:
@@ -466,7 +485,7 @@ class Trainer:
             scalars.write(self.output_dir, row)
         if improved:
             name = self.config.best_metric
-            best = {"model": self.model.module.state_dict(), "epoch": row["epoch"], name: row[name]}
+            best = {"model": checkpoint.on_cpu(self.model.module.state_dict()), "epoch": row["epoch"], name: row[name]}
             checkpoint.save_atomic(best, self.output_dir / "best.pt")
 
     def fit(self) -> None:
@@ -492,6 +511,8 @@ class Trainer:
             if progress is not None:
                 progress.close()
         if self.info.rank == 0:
-            checkpoint.save_atomic({"model": self.model.module.state_dict()}, self.output_dir / "model.pt")
+            checkpoint.save_atomic(
+                {"model": checkpoint.on_cpu(self.model.module.state_dict())}, self.output_dir / "model.pt"
+            )
             self.log.info(f"done: {self.global_step} steps; model saved to {shown_path(self.output_dir / 'model.pt')}")
         dist.barrier()

@@ -1,0 +1,423 @@
+"""`python -m <package>.doctor --smoke`: a short real run on this machine's devices, one PASS/FAIL line per step.
+
+With the project's recipe, backend and precision, all ranks of one node, started the way training starts them
+(distributed.spawn):
+1. a probe in every rank: its device(s), an all-reduce over the backend, one optimizer step under the precision
+   (and over both devices of the split model), then a bare DDP loop, timed;
+2. 20 steps of real training with a checkpoint after each 10-step epoch;
+3. a second run resumed from the first checkpoint, whose final weights must equal the first run's bit for bit.
+Everything goes into one temporary folder, removed at the end. Where the project wants more GPUs than are
+visible, the run uses what is there (the fix that training's own refusal names) and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config
+from .distributed import (
+    as_flags,
+    bf16_problem,
+    cleanup,
+    devices_for,
+    die_with_the_launcher,
+    fit_to,
+    gpus_needed,
+    ignore_interrupts_in_children,
+    init_process_group,
+    spawn,
+)
+
+STEPS_PER_EPOCH = 10  # two epochs: 20 steps, a checkpoint after the first 10
+BARE_STEPS = 30  # the bare loop's timed steps, after 3 untimed ones
+SLOWER_THAN_BARE = 0.1  # the engine below a tenth of a bare loop's samples/s fails (10-step epochs are noisy)
+PROBE = "probe"  # the probe's per-rank results: <output_dir>/probe/rank<N>.json
+
+
+@dataclass
+class Step:
+    name: str
+    passed: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        fix = f"; fix: {self.fix}" if not self.passed and self.fix else ""
+        return f"{'PASS' if self.passed else 'FAIL'}  {self.name}: {self.detail}{fix}"
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+# -- in every rank -------------------------------------------------------------
+def probe_rank(config: Config, info) -> int:
+    """One rank of the probe (rank.run_smoke_probe): each part's outcome goes to <output_dir>/probe/rank<N>.json,
+    and a part that fails does not stop the others. The model, loaders and step are the engine's own (Trainer)."""
+    import logging
+
+    import torch
+
+    from .rank import build_trainer
+
+    die_with_the_launcher()
+    ignore_interrupts_in_children()
+    devices = devices_for(config, info.local_rank)
+    if config.device == "cuda":
+        torch.cuda.set_device(devices[0])
+    else:  # as training does: the ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
+    init_process_group(config, info)
+    found: dict = {"rank": info.rank, "devices": [str(device) for device in devices]}
+    try:
+        trainer = None
+        for name, part in (("collective", _collective), ("step", _step), ("bare", _bare_loop)):
+            try:
+                if name != "collective" and trainer is None:
+                    trainer = build_trainer(config, info, logging.getLogger(f"{__package__}.smoke"))
+                found[name] = part(config, info, devices, trainer)
+            except Exception as error:  # noqa: BLE001 - reported as that part's FAIL, with its message
+                found[name] = {"error": first_line(error)}
+    finally:
+        folder = Path(config.output_dir) / PROBE
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank{info.rank}.json").write_text(json.dumps(found), encoding="utf-8")
+        cleanup()
+    return 0
+
+
+def _collective(config: Config, info, devices, trainer) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([float(info.rank + 1)], device=devices[-1])
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    dist.barrier()
+    return {"sum": total.item(), "expected": info.world_size * (info.world_size + 1) / 2}
+
+
+def _one_step(trainer, batch) -> tuple:
+    """The engine's step on one batch under the precision, with its scaler: (loss, whether the gradients are finite)."""
+    trainer.optimizer.zero_grad(set_to_none=True)
+    step = trainer.custom_step if trainer.custom_steps else trainer.pair_step  # as Trainer.run_step picks
+    with trainer.autocast():
+        loss = step(trainer.model, batch)[0]
+    trainer.scaler.scale(loss).backward()
+    finite = all(p.grad is None or bool(p.grad.isfinite().all()) for p in trainer.model.parameters())
+    trainer.scaler.step(trainer.optimizer)
+    trainer.scaler.update()
+    return loss, finite
+
+
+def _step(config: Config, info, devices, trainer) -> dict:
+    import torch
+
+    if config.device == "cuda" and config.precision == "bf16":
+        own = {d.index: (torch.cuda.get_device_name(d), torch.cuda.get_device_capability(d)) for d in devices}
+        problem = bf16_problem(own)
+        if problem:
+            return {"error": problem}
+    loss, finite = _one_step(trainer, next(iter(trainer.train_data)))
+    return {
+        "loss": loss.item(),
+        "finite": math.isfinite(loss.item()) and finite,
+        "parameter_devices": sorted({str(p.device) for p in trainer.model.parameters()}),
+    }
+
+
+def _bare_loop(config: Config, info, devices, trainer) -> dict:
+    """The same model, optimizer and step in DDP on one batch kept on the devices: no loader, totals or schedule."""
+    import torch
+    import torch.distributed as dist
+
+    batch = trainer.on_devices(next(iter(trainer.train_data)))
+    for _ in range(3):
+        _one_step(trainer, batch)
+    synchronize = torch.cuda.synchronize if devices[0].type == "cuda" else lambda: None
+    synchronize()
+    started = time.perf_counter()
+    for _ in range(BARE_STEPS):
+        _one_step(trainer, batch)
+    synchronize()
+    slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=devices[-1])
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return {"samples_per_s": BARE_STEPS * config.micro_batch * info.world_size / slowest.item()}
+
+
+# -- in the doctor ---------------------------------------------------------------
+def smoke_config(config: Config, output_dir: Path) -> tuple[Config, list[str]]:
+    """The project's settings for a short run of one node into output_dir, on the devices this machine has."""
+    import torch
+
+    notes = []
+    fitted = {}
+    if config.device == "cuda":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < gpus_needed(config):
+            fitted = fit_to(config, gpus)
+            notes.append(
+                f"note  the project wants {gpus_needed(config)} GPU(s), {gpus} visible: the smoke check runs with "
+                f"{as_flags(fitted)}"
+            )
+    config = dataclasses.replace(config, **fitted)
+    settings = dict(config.settings)
+    if "samples" in settings:  # the seed recipe's data set: 10 steps per epoch (a recipe of your own sizes its own)
+        settings["samples"] = config.global_batch_size * STEPS_PER_EPOCH
+    smoke = dataclasses.replace(
+        config,
+        settings=settings,
+        nnodes=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        epochs=2,
+        checkpoint_every=0,
+        keep_checkpoints=2,
+        output_dir=str(output_dir),
+        resume="none",
+        overwrite=False,
+        progress=False,
+        max_restarts=0,
+        timeout_s=min(config.timeout_s, 60),  # a rank that hangs fails its step within a minute, not five
+    )
+    return smoke, notes
+
+
+class Captured:
+    """The ranks' and the launcher's output, in a file while a phase runs (fd level: the ranks write to it too)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.read = path, 0
+
+    def __enter__(self) -> Captured:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = [os.dup(1), os.dup(2)]
+        with open(self.path, "ab") as target:
+            os.dup2(target.fileno(), 1)
+            os.dup2(target.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
+
+    def errors(self) -> str:
+        """The "error: ..." lines written since the last call."""
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        new, self.read = text[self.read :], len(text)
+        return " ".join(line[len("error: ") :] for line in new.splitlines() if line.startswith("error: "))
+
+
+def run_phase(config: Config, output: Captured, program: tuple = ("run_rank",)) -> tuple[int, str]:
+    with output:
+        status = spawn(config, program)
+    return status, output.errors() or f"the ranks exited with status {status}"
+
+
+def probe_steps(config: Config, status: int, error: str) -> list[Step]:
+    import torch
+
+    folder = Path(config.output_dir) / PROBE
+    ranks = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("rank*.json"))]
+    ranks.sort(key=lambda found: found["rank"])
+    precision = f"precision={config.precision}"
+    if status or len(ranks) < config.world_size:
+        fix = error if "fix" in error or "use " in error else f"python -m {__package__}.doctor lists what to change"
+        names = ["ranks on their devices", f"a collective over {config.backend}", f"a step under {precision}"]
+        names += ["the split model over 2 devices"] if config.parallelism == "ddp_model_parallel" else []
+        return [Step(name, False, f"the probe did not run on all ranks: {error}", fix) for name in names]
+    steps = []
+    placed = [tuple(found["devices"]) for found in ranks]
+    gpus = [device for devices in placed for device in dict.fromkeys(devices) if device != "cpu"]
+    shared = len(gpus) != len(set(gpus))
+    where = ", ".join(f"rank {found['rank']}: {'+'.join(found['devices'])}" for found in ranks)
+    names = {}
+    if config.device == "cuda":
+        names = {device: torch.cuda.get_device_name(torch.device(device)) for device in set(gpus)}
+    steps.append(
+        Step(
+            "ranks on their devices",
+            not shared,
+            where + (f" ({', '.join(f'{d} {n}' for d, n in sorted(names.items()))})" if names else ""),
+            "two ranks share a GPU: give each rank its own (CUDA_VISIBLE_DEVICES, Slurm --gpus-per-task)",
+        )
+    )
+    sums = [found["collective"] for found in ranks]
+    failed = [
+        f"rank {found['rank']}: {found['collective']['error']}" for found in ranks if "error" in found["collective"]
+    ]
+    wrong = [s for s in sums if "error" not in s and s["sum"] != s["expected"]]
+    collective_ok = not failed and not wrong
+    steps.append(
+        Step(
+            f"a collective over {config.backend}",
+            collective_ok,
+            f"all_reduce over {config.world_size} rank(s) summed to {sums[0].get('sum')}"
+            if collective_ok
+            else "; ".join(failed) or f"all_reduce gave {wrong[0]['sum']}, expected {wrong[0]['expected']}",
+            "nccl: NCCL_DEBUG=INFO shows why; NCCL_P2P_DISABLE=1 works around broken peer-to-peer (some consumer"
+            " boards, VMs); or --backend gloo",
+        )
+    )
+    step = ranks[0]["step"]
+    step_ok = "error" not in step and step["finite"]
+    steps.append(
+        Step(
+            f"a step under {precision}",
+            step_ok,
+            step.get("error") or f"loss {step['loss']:.4f}, gradients finite: {step['finite']}",
+            "--precision no trains in fp32; under fp16 or bf16 a loss computed in fp32 (recipe.loss) avoids overflow"
+            if "error" not in step
+            else step["error"].split("fix: ")[-1],
+        )
+    )
+    if config.parallelism == "ddp_model_parallel":
+        spread = step.get("parameter_devices", [])
+        wanted = sorted(set(ranks[0]["devices"]))
+        steps.append(
+            Step(
+                "the split model over 2 devices",
+                step_ok and spread == wanted,
+                f"parameters on {', '.join(spread) or 'no device'} (rank 0 owns {', '.join(ranks[0]['devices'])})",
+                "recipe.model must place its parts on devices[0] and devices[1] (model.ToyModelParallel does)",
+            )
+        )
+    return steps
+
+
+def same_weights(first: Path, second: Path) -> str | None:
+    """None when the two model.pt files hold bitwise equal tensors, else the first that differs."""
+    import torch
+
+    one, other = (torch.load(path, map_location="cpu", weights_only=True)["model"] for path in (first, second))
+    if one.keys() != other.keys():
+        return "the two runs' models have different parameters"
+    differing = [name for name in one if not torch.equal(one[name], other[name])]
+    return f"{differing[0]} differs ({len(differing)} of {len(one)} tensors)" if differing else None
+
+
+def training_steps(trained: tuple[int, str], resumed: tuple[int, str] | None, run: Path, again: Path) -> list[Step]:
+    from . import checkpoint, records
+
+    status, error = trained
+    kept = checkpoint.existing(run, records.run_id_of(run)) if not status else []
+    steps = [
+        Step(
+            f"{2 * STEPS_PER_EPOCH} training steps and a checkpoint",
+            not status and len(kept) == 2,
+            f"{len(kept)} checkpoint(s), model.pt written" if not status else error,
+            error if "fix" in error else f"the rank logs in a run of your own say more: python -m {__package__}.train",
+        )
+    ]
+    if resumed is None:
+        steps.append(Step("bitwise resume", False, "not run: the training run failed", "fix the training run first"))
+        return steps
+    status, error = resumed
+    difference = error if status else same_weights(run / "model.pt", again / "model.pt")
+    steps.append(
+        Step(
+            "bitwise resume",
+            difference is None,
+            f"resumed at step {STEPS_PER_EPOCH} from {kept[-1].name}: final weights "
+            + ("equal bit for bit" if difference is None else f"not equal ({difference})"),
+            "set deterministic = true (some GPU kernels are not), and draw every random number from torch, numpy or"
+            " random, whose streams the checkpoint keeps (not a generator seeded from the clock or os.urandom)"
+            if not status
+            else error,
+        )
+    )
+    return steps
+
+
+def throughput_step(config: Config, run: Path, probe_ranks: list[dict]) -> Step:
+    from . import records
+
+    rows = (run / records.METRICS).read_text(encoding="utf-8").splitlines() if (run / records.METRICS).exists() else []
+    bare = [found.get("bare", {}) for found in probe_ranks]
+    if len(rows) < 2 or not bare or "samples_per_s" not in bare[0]:
+        reason = bare[0].get("error") if bare and "error" in bare[0] else "the training run wrote no metrics"
+        return Step("throughput", False, f"not measured: {reason}", "fix the steps above first")
+    column = rows[0].split(",").index("samples_per_s")
+    engine = max(float(row.split(",")[column]) for row in rows[1:])  # the faster epoch: the first one warms up
+    baseline = bare[0]["samples_per_s"]
+    ratio = engine / baseline
+    return Step(
+        "throughput",
+        ratio >= SLOWER_THAN_BARE,
+        f"{engine:.0f} samples/s training, {baseline:.0f} in a bare DDP loop on the same devices ({ratio:.2f}x)",
+        "most of the time goes outside the model: num_workers > 0 for a Dataset that does real work per "
+        "sample, deterministic = false, and a model that is not tiny show where the time goes",
+    )
+
+
+@contextlib.contextmanager
+def temporary_files_inside(folder: Path):
+    """The ranks' temporary files in `folder` while the block runs: torch's compile cache (torchinductor_<user>)
+    goes with the smoke check's own folder. The launcher's (the fork server's socket folder, pymp-*) stays where
+    it is, and exit_now removes it."""
+    names = ("TMPDIR", "TEMP", "TMP")
+    outside = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, str(folder)))
+    try:
+        yield
+    finally:
+        for name, value in outside.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def main(config: Config) -> int:
+    """Run the smoke check; print one line per step; 1 when any failed. The temporary folder is removed."""
+    folder = Path(tempfile.mkdtemp(prefix="smoke-"))
+    try:
+        with temporary_files_inside(folder):
+            steps = run_steps(config, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    for step in steps:
+        print(step.line(), flush=True)
+    failed = sum(not step.passed for step in steps)
+    print(f"{len(steps) - failed} of {len(steps)} steps passed", flush=True)
+    return 1 if failed else 0
+
+
+def run_steps(config: Config, folder: Path) -> list[Step]:
+    """The probe, the training run and the resumed run, each in its own folder under `folder`."""
+    from . import checkpoint, records
+
+    smoke, notes = smoke_config(config, folder / "probe-run")
+    for note in notes:
+        print(note, flush=True)
+    print(
+        f"smoke check: {smoke.world_size} rank(s) on {smoke.device} ({smoke.backend}, precision {smoke.precision}, "
+        f"{smoke.parallelism}), recipe {smoke.recipe}",
+        flush=True,
+    )
+    output = Captured(folder / "output.log")
+    steps = probe_steps(smoke, *run_phase(smoke, output, ("run_smoke_probe",)))
+    probe_ranks = [json.loads(path.read_text(encoding="utf-8")) for path in (folder / "probe-run" / PROBE).glob("*")]
+    run, again = folder / "run", folder / "resumed"
+    trained = run_phase(dataclasses.replace(smoke, output_dir=str(run)), output)
+    kept = checkpoint.existing(run, records.run_id_of(run)) if not trained[0] else []
+    resumed = None
+    if len(kept) == 2:
+        resumed = run_phase(dataclasses.replace(smoke, output_dir=str(again), resume=str(kept[-1])), output)
+    steps += training_steps(trained, resumed, run, again)
+    steps.append(throughput_step(smoke, run, sorted(probe_ranks, key=lambda found: found["rank"])))
+    return steps
