@@ -151,16 +151,14 @@ class NumpyStream:
     get_state and set_state copy the generator's 624 words one Python step at a time (about 70 us the pair);
     here they are copied as one block, through the generator's own memory (`ctypes.state_address`). numpy
     also caches the second normal of each pair it draws, and only get_state reads that cache: one draw tells
-    instead, as a cached normal is handed out without moving the generator. Where numpy's layout is not the
-    one checked here (another numpy), save and restore are get_state and set_state.
+    instead, as a cached normal is handed out without moving the generator. Where the generator is not an
+    MT19937 laid out as checked here (another numpy), save and restore are get_state and set_state.
     """
 
     WORDS = 625  # mt19937_state: uint32 key[624], then int pos
 
-    def __init__(self) -> None:
-        self.words = None
-        get_bit_generator = getattr(np.random, "get_bit_generator", None)  # numpy >= 1.25
-        bit_generator = get_bit_generator() if get_bit_generator else None
+    def __init__(self, bit_generator) -> None:
+        self.bit_generator, self.words = bit_generator, None  # held: the words below are its memory
         if isinstance(bit_generator, np.random.MT19937):
             memory = (ctypes.c_uint32 * self.WORDS).from_address(bit_generator.ctypes.state_address)
             words, state = np.ctypeslib.as_array(memory), np.random.get_state()
@@ -186,7 +184,15 @@ class NumpyStream:
             np.random.set_state(("MT19937", words[:624], int(words[624]), 1, cached))
 
 
-_numpy_stream: NumpyStream | None = None  # one per process, made on first use
+_numpy_stream = NumpyStream(None)  # one per process, for the generator numpy's global stream draws from
+
+
+def numpy_stream() -> NumpyStream:
+    global _numpy_stream
+    get_bit_generator = getattr(np.random, "get_bit_generator", lambda: None)  # numpy >= 1.25
+    if _numpy_stream.bit_generator is not get_bit_generator():  # the first call, or np.random.set_bit_generator
+        _numpy_stream = NumpyStream(get_bit_generator())
+    return _numpy_stream
 
 
 class SampleSeeded(Dataset):
@@ -218,15 +224,13 @@ class SampleSeeded(Dataset):
     def __getitems__(self, keys: list):
         if get_worker_info() is not None:
             return self.fetch(keys)
-        global _numpy_stream
-        if _numpy_stream is None:
-            _numpy_stream = NumpyStream()
-        saved = torch.default_generator.get_state(), _numpy_stream.save(), random.getstate()
+        stream = numpy_stream()
+        saved = torch.default_generator.get_state(), stream.save(), random.getstate()
         try:
             return self.fetch(keys)
         finally:
             torch.default_generator.set_state(saved[0])
-            _numpy_stream.restore(saved[1])
+            stream.restore(saved[1])
             random.setstate(saved[2])
 
     def fetch(self, keys: list):
