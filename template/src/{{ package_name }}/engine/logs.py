@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import PACKAGE
+
 if TYPE_CHECKING:  # tqdm is imported by the ranks only: the launcher prints its refusals with wrapped()
     from tqdm import tqdm
 
@@ -36,7 +38,7 @@ class AboveTheBar(logging.StreamHandler):
 
 
 def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
-    logger = logging.getLogger(f"{__package__}.rank{rank}")
+    logger = logging.getLogger(f"{PACKAGE}.rank{rank}")
     logger.setLevel(logging.DEBUG)  # the file gets DEBUG lines too; the console only INFO
     logger.handlers.clear()
     logger.propagate = False

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, checkpoint
+from .. import __version__
+from . import checkpoint
 from .files import write_text_durably
 from .ownership import name_the_run
 
