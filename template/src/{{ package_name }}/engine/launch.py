@@ -98,7 +98,7 @@ def die_with_the_launcher() -> None:
         while not launcher_gone():
             pass
         print(f"rank (pid {os.getpid()}) stopping: its launcher is gone", file=sys.stderr, flush=True)
-        os._exit(1)
+        os._exit(1)  # from this thread only os._exit ends the rank: its main thread may wait in a collective
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
@@ -118,7 +118,7 @@ def join_as_rank(config: Config, program: tuple = TRAINING) -> int:
     return run_program(program, torchrun_layout(config), torchrun_rank())
 
 
-def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: tuple) -> int:
+def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: tuple) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it).
 
     A failure is written to `report` for the launcher: a refusal (LaunchError) as its message, anything

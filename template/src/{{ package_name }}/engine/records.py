@@ -14,7 +14,9 @@ import torch
 
 from .. import __version__
 from . import checkpoint
+from .config import Config
 from .files import write_text_durably
+from .logs import plural, shown_path
 from .ownership import name_the_run
 
 RUN_RECORD = "run.json"
@@ -122,3 +124,13 @@ def claim_output_dir(output_dir: Path, resume: str, overwrite: bool, resumed_run
         "Continue that run with --resume auto, train into a new --output-dir, "
         "or replace it with --overwrite (overwrite = true in configs/train.toml)"
     )
+
+
+def start_lines(run_id: str, config: Config, ranks: int) -> list[str]:
+    """The run's identity, how the global batch is made, and where its files go: two short lines."""
+    micro = config.accumulate_steps
+    return [
+        f"run {run_id}: global batch {config.global_batch_size} = {ranks} rank{plural(ranks)} x "
+        f"{micro} micro-batch{plural(micro, 'es')} x {config.micro_batch}",
+        f"output in {shown_path(config.output_dir)}",
+    ]

@@ -19,7 +19,7 @@ from . import checkpoint, faults, records
 from .config import Config
 from .epochs import EpochRecords
 from .loaders import map_tensors, samples_in, to_device
-from .logs import progress_bar, shown_path, start_lines
+from .logs import progress_bar, shown_path
 from .process_group import LaunchError, RankInfo, devices_for, restart_count
 from .state import Resumable
 from .stopping import STOP_CHECK_EVERY, StopRequested, received
@@ -65,7 +65,7 @@ class Trainer(Resumable, EpochRecords):
             records.write_run_record(
                 self.output_dir, self.run_id, self.info.world_size, restart_count(), vars(self.config)
             )
-            for line in start_lines(self.run_id, self.config, self.info.world_size):
+            for line in records.start_lines(self.run_id, self.config, self.info.world_size):
                 self.log.info(line)
         progress = (
             progress_bar(self.total_steps, self.global_step) if self.info.rank == 0 and self.config.progress else None
