@@ -5,7 +5,10 @@
 (Config, Batch), which stay where they are across updates.
 """
 
+from pathlib import Path
+
 PACKAGE = __package__.rpartition(".")[0]  # the project's package: python -m <PACKAGE>.train
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/<package>/engine/ -> the folder with configs/
 
 
 class Batch(tuple):
@@ -14,4 +17,4 @@ class Batch(tuple):
 
 from .config import Config  # noqa: E402 - config.py reads PACKAGE
 
-__all__ = ["PACKAGE", "Batch", "Config"]
+__all__ = ["PACKAGE", "PROJECT_ROOT", "Batch", "Config"]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import PACKAGE
+from . import PACKAGE, PROJECT_ROOT
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,7 +31,7 @@ else:  # pragma: no cover - exercised on Python 3.9/3.10 only
 
 from . import scalars
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "train.toml"
+DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "train.toml"
 
 
 class ConfigError(ValueError):

@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # tqdm is imported by the ranks only: the launcher prints its
     from tqdm import tqdm
 
 
-
 class AboveTheBar(logging.StreamHandler):
     """Console lines printed above rank 0's progress bar instead of through it, broken to the window's width."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from . import checkpoint
+from . import PROJECT_ROOT, checkpoint
 from .config import Config
 from .files import write_text_durably
 from .logs import plural, shown_path
@@ -42,7 +42,7 @@ def git_commit() -> str | None:
 
 
 def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: int, config: dict) -> None:
-    answers_file = Path(__file__).resolve().parents[2] / ".copier-answers.yml"
+    answers_file = PROJECT_ROOT / ".copier-answers.yml"
     record = {
         "run_id": run_id,
         "versions": versions(),
