@@ -4,9 +4,9 @@
 
 The rendered project's own data (data.make_dataset, whose `__getitems__` fetches a batch in one call) and
 the same data one sample per `__getitem__` (a Dataset without `__getitems__`), read as rank 0 of 2 reads it:
-batches of 32, no workers. loaders.training_loader (ResumableSampler and SampleSeeded: torch, numpy and
-Python's random seeded from (seed, epoch, index), the rank's own streams put back after each batch) against
-DataLoader(dataset, sampler=DistributedSampler, collate_fn=loaders.collate). Interleaved repetitions;
+batches of 32, no workers. engine.loaders.training_loader (ResumableSampler and SampleSeeded: torch, numpy
+and Python's random seeded from (seed, epoch, index), the rank's own streams put back after each batch)
+against DataLoader(dataset, sampler=DistributedSampler, collate_fn=collate). Interleaved repetitions;
 prints JSON: the medians in microseconds per batch, and each ratio to plain indexing.
 """
 
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     data = importlib.import_module(f"{args.package}.data")
-    loaders = importlib.import_module(f"{args.package}.loaders")
+    loaders = importlib.import_module(f"{args.package}.engine.loaders")
     torch.set_num_threads(1)  # as each of 2 ranks on 2 cores
     dataset = data.make_dataset(SAMPLES, 0)
     timed = {}
