@@ -91,7 +91,8 @@ def torch_missing(config: Config) -> int:
         "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
         "python": f"{platform.python_version()} ({sys.executable})",
     }
-    failure = Finding("FAIL", f"torch cannot be imported ({TORCH_FAILURE}); fix: {reinstall_command(config.environment)}")
+    fix = reinstall_command(config.environment)
+    failure = Finding("FAIL", f"torch cannot be imported ({TORCH_FAILURE}); fix: {fix}")
     return report({**machine, **sources}, [failure, *unreachable])
 
 
