@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .distributed import restart_count
+from .process_group import restart_count
 
 CRASH_VARIABLE = "DDP_CRASH_RANK1_AT_STEP"
 CRASH_STARTS_VARIABLE = "DDP_CRASH_RANK1_STARTS"
