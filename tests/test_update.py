@@ -290,6 +290,7 @@ def test_a_flat_layout_project_updates_to_the_current_layout_and_trains(flat_to_
     old = tree(generate(flat_to_current, tmp_path / "old", "v1"))
     new = tree(generate(flat_to_current, tmp_path / "new", "v2"))
     removed = old.keys() - new.keys()
+    assert removed, "v1 and v2 render the same files: FLAT_LAYOUT no longer names the layout before engine/"
 
     # As docs/updating.md says: from the project's folder, no --trust.
     result = subprocess.run(
