@@ -326,9 +326,9 @@ def test_a_flat_layout_project_updates_to_the_current_layout_and_trains(flat_to_
 
 
 def edit(path: Path, changes: list[tuple[str, str]]) -> None:
-    """Apply each (old, new) replacement; each must match."""
-    text = path.read_text(encoding="utf-8")
+    """Apply each (old, new) replacement; each must match. Bytes in and out: line endings stay as rendered."""
+    text = path.read_bytes().decode("utf-8")
     for before, after in changes:
         assert before in text, f"{path.name} has no {before!r}"
         text = text.replace(before, after)
-    path.write_text(text, encoding="utf-8")
+    path.write_bytes(text.encode("utf-8"))
