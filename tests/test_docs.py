@@ -47,3 +47,14 @@ def test_every_troubleshooting_entry_quotes_an_error_and_says_what_the_template_
     assert len(entries) >= 19  # one per row of the Windows facts table, at least
     for entry in entries:
         assert entry.strip().splitlines()[1:], entry.splitlines()[0]
+
+
+def test_the_cuda_section_names_every_driver_floor_of_cuda_drivers():
+    """docs/questions.md quotes the floors in prose: each number in copier.yml's cuda_drivers is there."""
+    config = yaml.safe_load((TEMPLATE / "copier.yml").read_text(encoding="utf-8"))
+    drivers = yaml.safe_load(config["cuda_drivers"]["default"])
+    page = (TEMPLATE / "docs" / "questions.md").read_text(encoding="utf-8")
+    section = page.split("\n### `cuda`\n", 1)[1].split("\n### ", 1)[0]
+    missing = {f"{tag} {system}: {floors[system]}" for tag, floors in drivers.items() for system in ("linux", "windows")
+               if floors[system] not in section}  # fmt: skip
+    assert missing == set()

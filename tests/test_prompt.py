@@ -125,12 +125,15 @@ def test_windows_gpu_project_typed_refusals_and_no_nccl_or_torchrun_to_pick(plai
     prompt.sees("Validation error for question 'torch_version': use 2.10+: gloo fails on Windows")
     prompt.send(CLEAR_LINE + "2.13.0" + ENTER)
     prompt.answer("Which Python version", ENTER)
-    # The tags of torch 2.13, the experimental one marked; the GPU generations named by offered tags only.
+    # The tags of torch 2.13, the experimental one marked; the GPU generations named by offered tags only; each
+    # tag's oldest NVIDIA driver on the project's system.
     screen = prompt.sees("Which PyTorch build? cpu, or a CUDA tag of torch 2.13:").splitlines()
     question = next(number for number, line in enumerate(screen) if "Which PyTorch build?" in line)
-    assert screen[question + 1 : question + 3] == [
+    assert screen[question + 1 : question + 5] == [
         "  cu126, cu130, cu132 (experimental)",
-        "  RTX 50xx (Blackwell) needs cu130 or cu132; GTX 10xx (Pascal) needs cu126",
+        "  RTX 50xx (Blackwell) needs cu130 or cu132",
+        "  GTX 10xx (Pascal) needs cu126",
+        "  NVIDIA driver, Windows: cu126 528.33+, cu130 580.88+, cu132 580.88+",
     ]
     prompt.send(CLEAR_LINE + "cpu" + ENTER)
     prompt.sees("Validation error for question 'cuda': use cu126 or 0 GPUs: cpu builds lack CUDA")

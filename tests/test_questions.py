@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from render import ANSWER_SETS, TEMPLATE, render
+from render import ANSWER_SETS, TEMPLATE, copy_template, render
 
 # Each refusal: the answers, then what the one-line message must say (it leads with the fix).
 REFUSED = {
@@ -141,3 +141,42 @@ def test_every_question_has_help_and_no_setting_needs_trust():
     assert long == []
     assert not {"_tasks", "_migrations", "_jinja_extensions"} & config.keys()
     assert config["_min_copier_version"] >= "9"
+
+
+SYSTEMS = {"windows": ["windows"], "linux": ["linux"], "both": ["windows", "linux"]}
+
+
+@pytest.fixture(scope="module")
+def cuda_help(tmp_path_factory):
+    """The cuda question's help as the prompt renders it: copier's own Jinja environment (its filters, this
+    template's _envops) over copier.yml's help, for a torch series, a target_os and a driver table."""
+    from copier._main import Worker  # copier's renderer; a help is rendered only at the prompt
+
+    template = copy_template(tmp_path_factory.mktemp("template") / "plain")
+    environment = Worker(src_path=str(template), dst_path=str(tmp_path_factory.mktemp("out"))).jinja_env
+    config = yaml.safe_load((TEMPLATE / "copier.yml").read_text(encoding="utf-8"))
+    shown = environment.from_string(config["cuda"]["help"])
+    matrix = yaml.safe_load(config["support_matrix"]["default"])
+    return lambda series, target_os, drivers: shown.render(
+        support_matrix=matrix, cuda_drivers=drivers, torch_series=series, target_os=target_os
+    )
+
+
+def test_the_cuda_help_names_each_offered_tags_oldest_driver_from_cuda_drivers(cuda_help):
+    config = yaml.safe_load((TEMPLATE / "copier.yml").read_text(encoding="utf-8"))
+    matrix, drivers = (yaml.safe_load(config[key]["default"]) for key in ("support_matrix", "cuda_drivers"))
+    for series, row in matrix.items():
+        offered = row["tags"] + row["experimental"]
+        for target_os, systems in SYSTEMS.items():
+            lines = cuda_help(series, target_os, drivers).splitlines()
+            floors = {system: ", ".join(f"{tag} {drivers[tag][system]}+" for tag in offered) for system in systems}
+            named = [line for line in lines if "NVIDIA driver" in line]
+            expected = [f"  NVIDIA driver, {system.capitalize()}: {floors[system]}" for system in systems if offered]
+            assert named == expected, (series, target_os)
+            assert max(map(len, lines)) <= 76, (series, target_os, lines)  # an 80-column prompt, no wrapping
+    # The numbers are read from cuda_drivers, not written into the help: another table, another help.
+    other = {tag: {"linux": f"{tag[2:]}.1.2", "windows": f"{tag[2:]}.3"} for tag in drivers}
+    assert cuda_help("2.13", "both", other).splitlines()[-2:] == [
+        "  NVIDIA driver, Windows: cu126 126.3+, cu130 130.3+, cu132 132.3+",
+        "  NVIDIA driver, Linux: cu126 126.1.2+, cu130 130.1.2+, cu132 132.1.2+",
+    ]

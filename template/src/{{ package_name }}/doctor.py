@@ -84,13 +84,26 @@ def reinstall_command(wanted: dict) -> str:
 
 
 def torch_missing(config: Config) -> int:
-    """What the doctor can say without torch: the machine, and the one command that brings the right torch back."""
-    print(f"{'os':>10}: {platform.system()} {platform.release()} ({platform.machine()})")
-    print(f"{'python':>10}: {platform.python_version()} ({sys.executable})")
-    print()
+    """What the doctor can say without torch: the machine, the one command that brings the right torch back, and
+    whether the hosts it installs from answer (the likeliest reason a setup ended without torch)."""
+    sources, unreachable = probe_sources(config.environment)
+    machine = {
+        "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "python": f"{platform.python_version()} ({sys.executable})",
+    }
     fix = reinstall_command(config.environment)
-    print(wrapped(f"FAIL  torch cannot be imported ({TORCH_FAILURE}); fix: {fix}", sys.stdout, indent=" " * 6))
-    return 1
+    failure = Finding("FAIL", f"torch cannot be imported ({TORCH_FAILURE}); fix: {fix}")
+    return report({**machine, **sources}, [failure, *unreachable])
+
+
+def report(shown: dict[str, str], findings: list[Finding]) -> int:
+    """The facts, a blank line, then one line per finding; 1 when any finding would stop training."""
+    for name, value in shown.items():
+        print(wrapped(f"{name:>10}: {value}", sys.stdout, indent=" " * 12))
+    print()
+    for finding in findings:
+        print(wrapped(f"{finding.level:<4}  {finding.text}", sys.stdout, indent=" " * 6))
+    return 1 if any(f.level == "FAIL" for f in findings) else 0
 
 
 def compare(config: Config) -> list[Finding]:
@@ -391,13 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     sources, unreachable = probe_sources(wanted)
     driver = driver_version()
     installed = {"driver": driver or "none (no nvidia-smi)"}
-    for name, value in {**facts(), **installed, **network(config), **sources}.items():
-        print(wrapped(f"{name:>10}: {value}", sys.stdout, indent=" " * 12))
-    print()
     findings = compare(config) + companion_findings(wanted) + driver_findings(wanted, driver) + unreachable
-    for finding in findings:
-        print(wrapped(f"{finding.level:<4}  {finding.text}", sys.stdout, indent=" " * 6))
-    return 1 if any(f.level == "FAIL" for f in findings) else 0
+    return report({**facts(), **installed, **network(config), **sources}, findings)
 
 
 if __name__ == "__main__":
