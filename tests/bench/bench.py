@@ -3,8 +3,9 @@
     python tests/bench/bench.py --project RENDERED_DEFAULT_PROJECT [--reps 3]
 
 Run through `nox -s bench`, which renders the default project and installs it first. Writes
-.bench/results.json, .bench/results.md, and the two tables of docs/performance.md (`--only checkpoints`:
-the checkpoint table alone, from tests/bench/checkpoints.py).
+.bench/results.json, .bench/results.md, and the three tables of docs/performance.md (`--only checkpoints`:
+the checkpoint table alone, from tests/bench/checkpoints.py; `--only same-work`: the engine against the
+same-work loop and what per-sample seeding costs a batch, tests/bench/sample_seeded.py).
 """
 
 from __future__ import annotations
@@ -91,6 +92,52 @@ def same_work_steps_per_s(project: Path) -> float:
     output = run([sys.executable, str(SAME_WORK), "--package", package_of(project), "--batch", str(GLOBAL_BATCH),
                   "--samples", str(SAMPLES), "--epochs", "4", "--port", str(free_port())])  # fmt: skip
     return float(re.search(r"steps-per-s (\S+)", output).group(1))
+
+
+# -- 1a, 1b. the engine against the same work by hand, and what per-sample seeding costs ----------------------
+SAME_WORK_MARKERS = ("<!-- bench:same-work:start -->", "<!-- bench:same-work:end -->")
+
+
+def same_work(project: Path, reps: int) -> dict:
+    throughput = interleaved(reps, {"rendered": lambda: rendered_steps_per_s(project),
+                                    "same work": lambda: same_work_steps_per_s(project),
+                                    "training_step": lambda: rendered_general_steps_per_s(project)})  # fmt: skip
+    seeding = json.loads(run([sys.executable, str(HERE / "sample_seeded.py"), "--package", package_of(project),
+                              "--reps", str(max(reps, 5))]))  # fmt: skip
+    return {"throughput": throughput, "seeding": seeding}
+
+
+def same_work_markdown(result: dict) -> str:
+    runs = result["throughput"]
+    rates = {name: statistics.median(values) for name, values in runs.items()}
+    per_run = {name: ", ".join(f"{value / same:.3f}" for value, same in zip(runs[name], runs["same work"], strict=True))
+               for name in ("rendered", "training_step")}  # fmt: skip
+    seeding = result["seeding"]
+    us = seeding["us_per_batch"]
+    lines = [
+        f"Medians of {len(runs['same work'])} interleaved repetitions; the ratio of each repetition in brackets.",
+        "",
+        "| measurement | rendered project | same-work loop | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| 1a. steady-state steps/s, 2 gloo ranks x 1 thread, batch 64 | {rates['rendered']:.0f} | "
+        f"{rates['same work']:.0f} | {rates['rendered'] / rates['same work']:.2f} ({per_run['rendered']}) "
+        "| >= 0.98 (goal >= 1.0) |",
+        f"| 1b. the same through training_step and validation_step | {rates['training_step']:.0f} | "
+        f"{rates['same work']:.0f} | {rates['training_step'] / rates['same work']:.2f} "
+        f"({per_run['training_step']}) | >= 0.98 |",
+        "",
+        f"Per-sample seeding, per batch of {seeding['batch']} on one rank without workers (medians of "
+        f"{seeding['reps']} interleaved repetitions of 1024 batches):",
+        "",
+        "| dataset | `training_loader` (SampleSeeded) | plain DataLoader indexing | ratio | seeding adds |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, label in (("batched", "the default data, `__getitems__` (one seed a batch)"),
+                        ("one by one", "the same data, `__getitem__` only (one seed a sample)")):  # fmt: skip
+        seeded, plain = us[f"{kind}, SampleSeeded"], us[f"{kind}, plain indexing"]
+        lines.append(f"| {label} | {seeded:.1f} us | {plain:.1f} us | {seeded / plain:.2f} | "
+                     f"{seeded - plain:.1f} us a batch |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 # -- 2. launch to the first optimizer step ---------------------------------------------------------
@@ -228,19 +275,24 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--ci-cold-s", type=float, help="wall time of a cold `nox` run, measured separately")
     parser.add_argument("--ci-warm-s", type=float, help="wall time of a warm `nox -R` run, measured separately")
-    parser.add_argument("--only", choices=["checkpoints"], help="run one section and update only its table")
+    parser.add_argument("--only", choices=["checkpoints", "same-work"], help="run one section, update only its table")
     args = parser.parse_args()
     project = args.project.resolve()
     reps = args.reps
-    checkpoints = checkpoint_markdown(checkpoint_scaling(project, reps))
-    write_docs_section(CHECKPOINT_MARKERS, checkpoints)
-    print(checkpoints)
-    if args.only == "checkpoints":
+    if args.only in (None, "same-work"):
+        compared = same_work(project, reps)
+        (ROOT / ".bench").mkdir(exist_ok=True)
+        (ROOT / ".bench" / "same-work.json").write_text(json.dumps(compared, indent=2), encoding="utf-8")
+        write_docs_section(SAME_WORK_MARKERS, same_work_markdown(compared))
+        print(same_work_markdown(compared))
+    if args.only in (None, "checkpoints"):
+        checkpoints = checkpoint_markdown(checkpoint_scaling(project, reps))
+        write_docs_section(CHECKPOINT_MARKERS, checkpoints)
+        print(checkpoints)
+    if args.only:
         return 0
 
-    throughput = interleaved(reps, {"rendered": lambda: rendered_steps_per_s(project), "bare": bare_steps_per_s,
-                                    "same work": lambda: same_work_steps_per_s(project),
-                                    "training_step": lambda: rendered_general_steps_per_s(project)})  # fmt: skip
+    throughput = interleaved(reps, {"rendered": lambda: rendered_steps_per_s(project), "bare": bare_steps_per_s})
     launch = interleaved(reps + 2, {"rendered": lambda: rendered_launch_s(project), "bare": bare_launch_s,
                                     "import torch": import_torch_s})  # fmt: skip
     wide = interleaved(reps, {
@@ -263,12 +315,6 @@ def main() -> int:
                                      "render": render, "saves": saves}.items()}  # fmt: skip
     ratios = {
         "throughput (rendered / bare, target >= 0.95)": median["throughput"]["rendered"] / median["throughput"]["bare"],
-        "throughput (rendered / same-work loop, target >= 0.98, goal >= 1.0)": median["throughput"]["rendered"]
-        / median["throughput"]["same work"],
-        "throughput (rendered with training_step / same-work loop, target >= 0.98)": median["throughput"][
-            "training_step"
-        ]
-        / median["throughput"]["same work"],
         "launch to first step (rendered / bare, target <= 1.15)": median["launch"]["rendered"]
         / median["launch"]["bare"],
         "render (template / trivial, target <= 2)": median["render"]["template"] / median["render"]["trivial"],
@@ -304,12 +350,6 @@ def markdown(results: dict) -> str:
         f"| 1. steady-state steps/s, 2 gloo ranks x 1 thread, batch 64 | {m['throughput']['rendered']:.0f} | "
         f"{m['throughput']['bare']:.0f} (bare loop) | {m['throughput']['rendered'] / m['throughput']['bare']:.2f} "
         "| >= 0.95 |",
-        f"| 1a. the same, against a hand-written loop doing the same work | {m['throughput']['rendered']:.0f} | "
-        f"{m['throughput']['same work']:.0f} (same-work loop) | "
-        f"{m['throughput']['rendered'] / m['throughput']['same work']:.2f} | >= 0.98 (goal >= 1.0) |",
-        f"| 1b. the same through training_step and validation_step | {m['throughput']['training_step']:.0f} | "
-        f"{m['throughput']['same work']:.0f} (same-work loop) | "
-        f"{m['throughput']['training_step'] / m['throughput']['same work']:.2f} | >= 0.98 |",
         f"| 2. launch to first optimizer step, s | {m['launch']['rendered']:.2f} (train.sh) | "
         f"{m['launch']['bare']:.2f} (bare loop); `import torch` alone {m['launch']['import torch']:.2f} | "
         f"{m['launch']['rendered'] / m['launch']['bare']:.2f} | <= 1.15 |",

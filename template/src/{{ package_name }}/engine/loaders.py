@@ -16,6 +16,7 @@ same batches.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from . import Batch
@@ -60,8 +61,10 @@ def map_tensors(batch, change):
 
 def to_device(batch, device: torch.device):
     """The batch with every tensor in it on `device` (tensors, tuples, lists, dicts, namedtuples, dataclasses)."""
-    if isinstance(batch, torch.Tensor):  # the common case, without a function call per tensor
+    if isinstance(batch, torch.Tensor):  # the common cases, without a function call per tensor
         return batch.to(device, non_blocking=True)
+    if type(batch) in (tuple, list, Batch) and all(isinstance(item, torch.Tensor) for item in batch):
+        return type(batch)(item.to(device, non_blocking=True) for item in batch)
     return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
 
 
@@ -82,8 +85,10 @@ def tensors_in(batch):
 
 def samples_in(batch) -> int:
     """How many samples the batch holds: the leading dimension of its first tensor."""
-    if isinstance(batch, torch.Tensor) and batch.dim():  # the common case, without walking a structure
+    if isinstance(batch, torch.Tensor) and batch.dim():  # the common cases, without walking a structure
         return len(batch)
+    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].dim():
+        return len(batch[0])
     first = next(tensors_in(batch), None)
     if first is None or first.dim() == 0:
         raise TypeError(
@@ -137,13 +142,64 @@ def sample_seed(*numbers: int) -> int:
     return mixed ^ (mixed >> 29)
 
 
+class NumpyStream:
+    """numpy's global stream (MT19937 and its cached normal) saved and put back in microseconds.
+
+    get_state and set_state copy the generator's 624 words one Python step at a time (about 70 us the pair);
+    here they are copied as one block, through the generator's own memory (`ctypes.state_address`). numpy
+    also caches the second normal of each pair it draws, and only get_state reads that cache: one draw tells
+    instead, as a cached normal is handed out without moving the generator. Where the generator is not an
+    MT19937 laid out as checked here (another numpy), save and restore are get_state and set_state.
+    """
+
+    WORDS = 625  # mt19937_state: uint32 key[624], then int pos
+
+    def __init__(self, bit_generator) -> None:
+        self.bit_generator, self.words = bit_generator, None  # held: the words below are its memory
+        if isinstance(bit_generator, np.random.MT19937):
+            memory = (ctypes.c_uint32 * self.WORDS).from_address(bit_generator.ctypes.state_address)
+            words, state = np.ctypeslib.as_array(memory), np.random.get_state()
+            if np.array_equal(words[:624], state[1]) and int(words[624]) == state[2]:
+                self.words = words
+
+    def save(self):
+        if self.words is None:
+            return np.random.get_state()
+        words = self.words.copy()
+        normal = np.random.standard_normal()
+        return words, normal if self.words.tobytes() == words.tobytes() else None
+
+    def restore(self, saved) -> None:
+        if self.words is None:
+            np.random.set_state(saved)
+            return
+        words, cached = saved
+        if cached is None:
+            np.random.seed(0)  # empties the normal cache, as it was; the words below replace the stream
+            self.words[:] = words
+        else:  # the stream held a cached normal: only set_state can put one back
+            np.random.set_state(("MT19937", words[:624], int(words[624]), 1, cached))
+
+
+_numpy_stream = NumpyStream(None)  # one per process, for the generator numpy's global stream draws from
+
+
+def numpy_stream() -> NumpyStream:
+    global _numpy_stream
+    get_bit_generator = getattr(np.random, "get_bit_generator", lambda: None)  # numpy >= 1.25
+    if _numpy_stream.bit_generator is not get_bit_generator():  # the first call, or np.random.set_bit_generator
+        _numpy_stream = NumpyStream(get_bit_generator())
+    return _numpy_stream
+
+
 class SampleSeeded(Dataset):
     """The recipe's dataset, with torch's, numpy's and Python's random draws seeded per sample.
 
     A sample's draws come from (seed, epoch, index); a dataset with `__getitems__` gets one seed per
     batch, from its first sample. Validation samples (plain indices) use epoch -1: the same every epoch.
-    The process's own streams are put back after each batch, so a rank without workers keeps its
-    dropout stream. Only CPU generators are seeded: workers cannot use CUDA.
+    A rank without workers gets its own streams back after each batch, so it keeps its dropout stream;
+    a worker draws from them for the dataset alone, so it leaves them seeded. Only CPU generators are
+    seeded: workers cannot use CUDA.
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
@@ -163,21 +219,28 @@ class SampleSeeded(Dataset):
         return self.__getitems__([key])[0]
 
     def __getitems__(self, keys: list):
-        keys = [key if isinstance(key, tuple) else (-1, key) for key in keys]
-        saved = torch.default_generator.get_state(), np.random.get_state(), random.getstate()
+        if get_worker_info() is not None:
+            return self.fetch(keys)
+        stream = numpy_stream()
+        saved = torch.default_generator.get_state(), stream.save(), random.getstate()
         try:
-            if self.batched:
-                self.seed_draws(*keys[0])
-                return self.dataset.__getitems__([index for _, index in keys])
-            samples = []
-            for epoch, index in keys:
-                self.seed_draws(epoch, index)
-                samples.append(self.dataset[index])
-            return samples
+            return self.fetch(keys)
         finally:
             torch.default_generator.set_state(saved[0])
-            np.random.set_state(saved[1])
+            stream.restore(saved[1])
             random.setstate(saved[2])
+
+    def fetch(self, keys: list):
+        # One sampler gives every key of a batch: (epoch, index) pairs in training, plain indices in validation.
+        epoch, indices = (keys[0][0], [index for _, index in keys]) if isinstance(keys[0], tuple) else (-1, keys)
+        if self.batched:
+            self.seed_draws(epoch, indices[0])
+            return self.dataset.__getitems__(indices)
+        samples = []
+        for index in indices:
+            self.seed_draws(epoch, index)
+            samples.append(self.dataset[index])
+        return samples
 
 
 def seed_worker(worker_id: int) -> None:

@@ -1,0 +1,79 @@
+"""What seeding every sample's random draws costs a batch: the engine's training loader against plain indexing.
+
+    python tests/bench/sample_seeded.py --package PACKAGE [--reps 5]
+
+The rendered project's own data (data.make_dataset, whose `__getitems__` fetches a batch in one call) and
+the same data one sample per `__getitem__` (a Dataset without `__getitems__`), read as rank 0 of 2 reads it:
+batches of 32, no workers. engine.loaders.training_loader (ResumableSampler and SampleSeeded: torch, numpy
+and Python's random seeded from (seed, epoch, index), the rank's own streams put back after each batch)
+against DataLoader(dataset, sampler=DistributedSampler, collate_fn=collate). Interleaved repetitions;
+prints JSON: the medians in microseconds per batch, and each ratio to plain indexing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+BATCH, RANKS, SAMPLES = 32, 2, 8192  # bench.py's throughput runs: a global batch of 64 over 2 ranks
+EPOCHS = 8  # per timing: 1024 batches
+
+
+class OneByOne(Dataset):
+    """The dataset read one sample per call, as a Dataset without `__getitems__` is."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return self.dataset[index]
+
+
+def per_batch_us(loader: DataLoader) -> float:
+    batches, started = 0, time.perf_counter()
+    for epoch in range(EPOCHS):
+        loader.sampler.set_epoch(epoch)
+        for _ in loader:
+            batches += 1
+    return (time.perf_counter() - started) / batches * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--package", required=True, help="the rendered project's package (installed)")
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    data = importlib.import_module(f"{args.package}.data")
+    loaders = importlib.import_module(f"{args.package}.engine.loaders")
+    torch.set_num_threads(1)  # as each of 2 ranks on 2 cores
+    dataset = data.make_dataset(SAMPLES, 0)
+    timed = {}
+    for kind, chosen in (("batched", dataset), ("one by one", OneByOne(dataset))):
+        sampler = DistributedSampler(chosen, num_replicas=RANKS, rank=0, shuffle=True, seed=0, drop_last=True)
+        plain = DataLoader(chosen, batch_size=BATCH, sampler=sampler, drop_last=True, collate_fn=loaders.collate)
+        seeded = loaders.training_loader(chosen, BATCH, 0, RANKS, 0, workers=0, pin=False)
+        timed[f"{kind}, plain indexing"] = lambda loader=plain: per_batch_us(loader)
+        timed[f"{kind}, SampleSeeded"] = lambda loader=seeded: per_batch_us(loader)
+    samples: dict[str, list[float]] = {name: [] for name in timed}
+    for rep in range(args.reps + 1):  # the first round warms up
+        for name in timed if rep % 2 == 0 else reversed(timed):
+            value = timed[name]()
+            if rep:
+                samples[name].append(value)
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    ratios = {kind: medians[f"{kind}, SampleSeeded"] / medians[f"{kind}, plain indexing"]
+              for kind in ("batched", "one by one")}  # fmt: skip
+    print(json.dumps({"reps": args.reps, "batch": BATCH, "us_per_batch": medians, "ratios": ratios}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
