@@ -14,11 +14,9 @@ Windows facts encoded here (docs/troubleshooting.md in the template explains eac
   the entry point sits behind `if __name__ == "__main__":`.
 
 The launcher process uses only the standard library: torch is imported inside the functions
-that ranks call. Where Python has a fork server (Linux, macOS), the ranks come from one that has
-imported torch once (START_METHOD): a forkserver child is prepared exactly as a spawned one is (the
-main module imported again, the rank's function and arguments pickled), so code that Windows' spawn
-would refuse fails on Linux too, but N ranks no longer pay N times for `import torch` (about 2 s of
-CPU each here).
+that ranks call. Ranks start with spawn on every OS, as mp.spawn does in PyTorch's DDP tutorial and
+as Windows requires: each is a fresh interpreter that imports the main module and unpickles its
+function and arguments, so code that Windows would refuse fails on Linux too.
 """
 
 from __future__ import annotations
@@ -26,11 +24,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import gc
 import json
-import logging
 import multiprocessing.connection
-import multiprocessing.util
 import os
 import shutil
 import signal
@@ -64,7 +59,7 @@ class RankInfo:
     rank: int
     local_rank: int
     world_size: int
-    started_by: str  # for the log: spawn or forkserver (this program), torchrun, srun
+    started_by: str  # for the log: spawn (this program), torchrun, srun
 
 
 def under_torchrun(environ: dict | os._Environ = os.environ) -> bool:
@@ -348,14 +343,6 @@ def cleanup() -> None:
 
 _heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _run_ranks
 
-START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-# Imported once by the fork server, never by the launcher; importing torch does not initialize CUDA, so
-# the forked ranks can. fork_server comes first: it turns the collector off before torch loads and makes the
-# server exit without tearing torch down. Not torch._dynamo, though DDP's constructor imports it in every rank:
-# the server imports alone, before any rank starts, so every launch (a refusal too) would wait for it while the
-# other cores idle. Every rank imports the project's other modules afresh, as a spawned rank would.
-PRELOADED = (f"{__package__}.fork_server", "torch")
-
 
 def die_with_the_launcher() -> None:
     """Stop this rank within about a second once the process that started it is gone; beat meanwhile.
@@ -384,50 +371,35 @@ def die_with_the_launcher() -> None:
         while not launcher_gone():
             pass
         print(f"rank (pid {os.getpid()}) stopping: its launcher is gone", file=sys.stderr, flush=True)
+        # Not sys.exit: that ends this thread only, and the main thread may wait in a collective for ever.
         os._exit(1)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
 def rank_program(program: str = "run_rank"):
-    """A function of rank.py (run_rank, run_evaluation), imported as the fork server imports torch: the collector
-    paused, then everything imported frozen.
+    """A function of rank.py (run_rank, run_evaluation, run_smoke_probe); imported here, never in the launcher,
+    because rank.py imports torch."""
+    from . import rank
 
-    torch and the engine live as long as the rank; frozen, they are never walked by its later collections, the
-    first of which run while DDP's constructor imports torch._dynamo, which makes those imports cheaper in a
-    spawned, torchrun or Slurm rank; a fork server's child finds torch frozen already. Only here, never in the
-    launcher: rank.py imports torch; the recipe comes later.
-    """
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        from . import rank
-    finally:
-        gc.freeze()
-        if collecting:
-            gc.enable()
     return getattr(rank, program)
 
 
-def _spawned_rank(
-    local_rank: int, config: Config, beats, report: str, environ: dict[str, str], method: str, program: tuple
-) -> None:
+def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: tuple) -> int:
     """Entry point of every spawned process (top level, so Windows can pickle it).
 
-    `environ` is the launcher's environment at this start: a fork server's child would otherwise inherit
-    the server's, from the job's first start (an older restart count and store file).
-    A failure is written to `report` for the launcher: a refusal (LaunchError) as its message, anything
-    else as its traceback. The file, not a pipe: a long traceback cannot block a rank that is exiting.
+    Its status ends the process through multiprocessing's own exit (sys.exit), so atexit handlers and
+    finalizers run as in any Python program. A failure is written to `report` for the launcher: a refusal
+    (LaunchError) as its message, anything else as its traceback. The file, not a pipe: a long traceback
+    cannot block a rank that is exiting.
     """
     global _heartbeat
     _heartbeat = (beats, local_rank)
-    os.environ.clear()
-    os.environ.update(environ)
     info = RankInfo(
         rank=config.node_rank * config.nproc_per_node + local_rank,
         local_rank=local_rank,
         world_size=config.world_size,
-        started_by=method,
+        started_by="spawn",
     )
     try:
         status = rank_program(program[0])(config, info, *program[1:])
@@ -436,24 +408,10 @@ def _spawned_rank(
     except Exception:
         failure = {"refused": False, "message": traceback.format_exc()}
     else:
-        exit_now(status or 0)
+        sys.exit(status or 0)
     failure["time"] = time.time()  # the first failure is the cause; the others followed it
     Path(report).write_text(json.dumps(failure), encoding="utf-8")
-    exit_now(1)
-
-
-def exit_now(status: int) -> None:
-    """Leave without the interpreter's teardown of torch (about a second per process), once all is written.
-
-    Everything a run keeps was fsynced when it was saved; logs and the console are flushed here. What
-    multiprocessing does at the end of every process it started runs here too: it stops the DataLoader
-    workers and releases their queues' semaphores, which the resource tracker would otherwise report leaked.
-    """
-    multiprocessing.util._exit_function()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    sys.exit(1)
 
 
 def torchrun_rank() -> RankInfo:
@@ -592,11 +550,9 @@ def _run_ranks_in_own_folder(config: Config, program: tuple) -> int:
 
 
 def process_context() -> multiprocessing.context.BaseContext:
-    """How this program starts processes: the launcher its ranks, each rank its DataLoader workers (loaders.py)."""
-    context = multiprocessing.get_context(START_METHOD)
-    if START_METHOD == "forkserver":
-        context.set_forkserver_preload(list(PRELOADED))  # takes effect when the server starts: the first start
-    return context
+    """How this program starts processes, on every OS: the launcher its ranks, each rank its DataLoader workers
+    (loaders.py)."""
+    return multiprocessing.get_context("spawn")
 
 
 def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
@@ -607,7 +563,7 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
     ranks = [
         context.Process(
             target=_spawned_rank,
-            args=(slot, config, beats, str(reports[slot]), dict(os.environ), START_METHOD, program),
+            args=(slot, config, beats, str(reports[slot]), program),
             name=f"rank{slot}",
         )
         for slot in range(config.nproc_per_node)

@@ -31,7 +31,7 @@ except Exception as error:  # noqa: BLE001 - ImportError, OSError ("libcudnn.so.
     TORCH_FAILURE = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
 
 from .config import DEFAULT_CONFIG, Config, ConfigError, load
-from .distributed import LaunchError, backend_problems, check_port_free, exit_now, gloo_binding, visible_gpus
+from .distributed import LaunchError, backend_problems, check_port_free, gloo_binding, visible_gpus
 from .logs import wrapped
 
 PROG = f"python -m {__package__}.doctor"
@@ -401,4 +401,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())  # without torch's teardown, as the ranks end
+    sys.exit(main())

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from . import config as settings
-from .distributed import LaunchError, exit_now, rank_program, spawn, torchrun_layout, torchrun_rank, under_torchrun
+from .distributed import LaunchError, rank_program, spawn, torchrun_layout, torchrun_rank, under_torchrun
 from .ownership import private_temporary_folder
 from .records import RUN_RECORD
 
@@ -96,4 +96,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    sys.exit(main())

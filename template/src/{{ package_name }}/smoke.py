@@ -367,8 +367,7 @@ def throughput_step(config: Config, run: Path, probe_ranks: list[dict]) -> Step:
 @contextlib.contextmanager
 def temporary_files_inside(folder: Path):
     """The ranks' temporary files in `folder` while the block runs: torch's compile cache (torchinductor_<user>)
-    goes with the smoke check's own folder. The launcher's (the fork server's socket folder, pymp-*) stays where
-    it is, and exit_now removes it."""
+    goes with the smoke check's own folder."""
     names = ("TMPDIR", "TEMP", "TMP")
     outside = {name: os.environ.get(name) for name in names}
     os.environ.update(dict.fromkeys(names, str(folder)))

@@ -2,10 +2,9 @@
 
     python -m <package>.train --nproc-per-node 2 --epochs 5
 
-Run plainly, this starts its own ranks with multiprocessing (spawn, the only
-way that works on native Windows; a fork server that has imported torch once
-where Python has one) and never imports torch itself: only the ranks do
-(rank.py). Under torchrun the process joins as
+Run plainly, this starts its own ranks with multiprocessing (spawn, on every OS,
+as on native Windows, where it is the only way) and never imports torch itself:
+only the ranks do (rank.py). Under torchrun the process joins as
 the rank torchrun gave it. Every setting comes from
 configs/train.toml and can be overridden by a flag; `--help` lists them.
 The recipe builds the model, data, optimizer, schedule, loss and metric;
@@ -26,7 +25,6 @@ from .distributed import (
     INTERRUPTED,
     TERMINATED,
     LaunchError,
-    exit_now,
     rank_program,
     spawn,
     torchrun_layout,
@@ -93,4 +91,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main())
+    sys.exit(main())
