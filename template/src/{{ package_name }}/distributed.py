@@ -385,7 +385,7 @@ def rank_program(program: str = "run_rank"):
     return getattr(rank, program)
 
 
-def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: tuple) -> int:
+def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: tuple) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it).
 
     Its status ends the process through multiprocessing's own exit (sys.exit), so atexit handlers and
