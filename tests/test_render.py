@@ -23,8 +23,10 @@ REQUIRED = [
     "scripts/setup_env.ps1", "scripts/setup_env.sh",
     "README.md", "tests/conftest.py", "tests/test_ddp.py", ".github/workflows/ci.yml", ".gitignore",
 ]  # fmt: skip
+# The user's files and the entry points on top, the engine in its own package.
 PACKAGE_MODULES = [
-    "__init__", "model", "data", "distributed", "train", "rank", "checkpoint", "config", "doctor", "files",
+    "__init__", "recipe", "model", "data", "train", "evaluate", "doctor", "plot",
+    "engine/__init__", "engine/launch", "engine/process_group", "engine/rank", "engine/trainer", "engine/state",
 ]  # fmt: skip
 COMPUTED = ["dist_backend", "world_size", "torch_index_url", "torch_pin", "support_matrix", "torch_series"]
 

@@ -125,9 +125,9 @@ def test_user_edits_survive_and_the_template_change_arrives(versions, tmp_path):
 
 
 def test_recipe_edits_survive_an_engine_change_and_the_project_still_trains(versions, tmp_path):
-    # v3 changes the engine (a log line in trainer.py) and the template's own toy recipe.
+    # v3 changes the engine (a log line in engine/trainer.py) and the template's own toy recipe.
     package_dir = versions / "template" / "src" / "{{ package_name }}"
-    trainer = package_dir / "trainer.py"
+    trainer = package_dir / "engine" / "trainer.py"
     trainer.write_text(
         trainer.read_text(encoding="utf-8").replace(
             "        self.resume()\n", '        self.resume()\n        self.log.debug("engine v3")\n'
@@ -160,7 +160,7 @@ def test_recipe_edits_survive_an_engine_change_and_the_project_still_trains(vers
     git(project, "commit", "-qam", "my recipe")
     update(project, ref="v3")
     assert recipe.read_text(encoding="utf-8") == mine  # untouched: no merge, no conflict markers
-    assert 'self.log.debug("engine v3")' in (package / "trainer.py").read_text(encoding="utf-8")
+    assert 'self.log.debug("engine v3")' in (package / "engine" / "trainer.py").read_text(encoding="utf-8")
     assert find_conflicts(project).returncode == 0
     result = subprocess.run(
         [sys.executable, "-m", f"{package.name}.train", "--device", "cpu", "--backend", "gloo", "--precision", "no",

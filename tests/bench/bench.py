@@ -133,7 +133,7 @@ def save_s(project: Path, state: dict, folder: Path, durable: bool) -> float:
 
     import torch
 
-    files = importlib.import_module(f"{package_of(project)}.files")
+    files = importlib.import_module(f"{package_of(project)}.engine.files")
     path = folder / "step-00000001.pt"
     started = time.perf_counter()
     if durable:

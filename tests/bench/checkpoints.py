@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[4, 64, 512])
     parser.add_argument("--reps", type=int, default=5, help="repetitions at 512 MB; smaller states get more")
     args = parser.parse_args()
-    checkpoint = importlib.import_module(f"{args.package}.checkpoint")
+    checkpoint = importlib.import_module(f"{args.package}.engine.checkpoint")
     results = {}
     for megabytes in args.sizes_mb:
         reps = args.reps * max(1, round((512 / megabytes) ** 0.5))  # 5, 15, 55 at 512, 64, 4 MB

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 
 def worker(rank: int, args: argparse.Namespace) -> None:
-    project = {name: importlib.import_module(f"{args.package}.{name}") for name in ("data", "loaders", "model")}
+    project = {name: importlib.import_module(f"{args.package}.{name}") for name in ("data", "engine.loaders", "model")}
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))  # as the engine sets it
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     every = project["data"].make_dataset(args.samples + args.samples // 4, args.seed)
@@ -34,7 +34,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
                                  drop_last=True)  # fmt: skip
     # The dataset's own batched fetch (__getitems__) needs the project's collate, which passes its batches on.
     loader = DataLoader(training, batch_size=args.batch // args.ranks, sampler=sampler, drop_last=True,
-                        collate_fn=project["loaders"].collate)  # fmt: skip
+                        collate_fn=project["engine.loaders"].collate)  # fmt: skip
     torch.manual_seed(args.seed)
     model = DistributedDataParallel(project["model"].build("ddp", (torch.device("cpu"),)))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)

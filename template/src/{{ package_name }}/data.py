@@ -17,7 +17,7 @@ from array import array
 import torch
 from torch.utils.data import Dataset
 
-from .loaders import Batch
+from .engine import Batch
 from .model import CLASSES, IN_FEATURES
 
 

@@ -30,9 +30,9 @@ except Exception as error:  # noqa: BLE001 - ImportError, OSError ("libcudnn.so.
     torch = dist = None
     TORCH_FAILURE = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
 
-from .config import DEFAULT_CONFIG, Config, ConfigError, load
-from .distributed import LaunchError, backend_problems, check_port_free, gloo_binding, visible_gpus
-from .logs import wrapped
+from .engine.config import DEFAULT_CONFIG, Config, ConfigError, load
+from .engine.logs import wrapped
+from .engine.process_group import LaunchError, backend_problems, check_port_free, gloo_binding, visible_gpus
 
 PROG = f"python -m {__package__}.doctor"
 
@@ -361,7 +361,7 @@ def _train() -> str:
 
 
 def smoke_check(config: Config) -> int:
-    from .smoke import main as smoke
+    from .engine.smoke import main as smoke
 
     return smoke(config)
 

@@ -19,10 +19,11 @@ import json
 import sys
 from pathlib import Path
 
-from . import config as settings
-from .distributed import LaunchError, rank_program, spawn, torchrun_layout, torchrun_rank, under_torchrun
-from .ownership import private_temporary_folder
-from .records import RUN_RECORD
+from .engine import config as settings
+from .engine.launch import join_as_rank, spawn
+from .engine.ownership import private_temporary_folder
+from .engine.process_group import LaunchError, torchrun_rank, under_torchrun
+from .engine.records import RUN_RECORD
 
 PROG = f"python -m {__package__}.evaluate"
 SETTING_NAMES = {field.name for field in dataclasses.fields(settings.Config)}
@@ -73,11 +74,11 @@ def from_command_line(argv: list[str] | None) -> tuple[settings.Config, Path, st
 def main(argv: list[str] | None = None) -> int:
     config, checkpoint, split = from_command_line(argv)
     target = result_path(checkpoint, split)
-    program = ("run_evaluation", str(checkpoint), split, str(target))
+    program = ("rank.run_evaluation", str(checkpoint), split, str(target))
     try:
         with private_temporary_folder():
             if under_torchrun():
-                status = rank_program(program[0])(torchrun_layout(config), torchrun_rank(), *program[1:])
+                status = join_as_rank(config, program)
                 if torchrun_rank().rank != 0:
                     return status
             else:

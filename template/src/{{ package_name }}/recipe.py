@@ -18,8 +18,8 @@ from torch import nn
 from torch.nn import functional
 from torch.utils.data import Dataset, Subset
 
-from .config import Config
 from .data import make_dataset
+from .engine import Config
 from .model import build
 
 # The name of what metric() counts; metrics.csv gets "accuracy" and "val_accuracy" columns.

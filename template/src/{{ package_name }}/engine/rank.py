@@ -18,25 +18,20 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, loaders, records, rng
+from . import PACKAGE, checkpoint, loaders, records, state
 from .config import Config
-from .distributed import (
-    STOP_SIGNALS,
-    STOPPED,
-    TERMINATED,
+from .files import write_text_durably
+from .logs import rank_logger
+from .process_group import (
     LaunchError,
     RankInfo,
     check_backend,
     cleanup,
     devices_for,
-    die_with_the_launcher,
-    ignore_interrupts_in_children,
     init_process_group,
-    under_torchrun,
 )
-from .files import write_text_durably
-from .logs import rank_logger
-from .trainer import StopRequested, Trainer, listen_for_stop_requests
+from .stopping import STOP_SIGNALS, StopRequested, exit_status, listen_for_stop_requests
+from .trainer import Trainer
 
 # What the engine calls, with the arguments it passes. A recipe defines training_step, or loss, metric and METRIC.
 RECIPE_FUNCTIONS = {
@@ -79,7 +74,7 @@ def load_recipe(name: str):
         if error.name and (name == error.name or name.startswith(error.name + ".")):
             raise LaunchError(
                 f"recipe {name!r} not found (no module named {error.name!r}); set recipe in configs/train.toml "
-                f"to an importable module, such as {__package__}.recipe"
+                f"to an importable module, such as {PACKAGE}.recipe"
             ) from None
         raise LaunchError(f"recipe {name} cannot be imported: {where(error)}") from None
     except Exception as error:  # whatever the recipe's own code raised while it was imported
@@ -92,7 +87,7 @@ def load_recipe(name: str):
     if missing:
         raise LaunchError(
             f"recipe {name} ({source}) has no {', '.join(missing)}: define {'them' if len(missing) > 1 else 'it'} "
-            f"as {__package__}/recipe.py does (training_step(model, batch) can stand in for loss, metric and METRIC)"
+            f"as {PACKAGE}/recipe.py does (training_step(model, batch) can stand in for loss, metric and METRIC)"
         )
     for function, arguments in RECIPE_FUNCTIONS.items():
         defined = getattr(recipe, function, None)
@@ -187,7 +182,7 @@ def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Tr
         )
     torch.manual_seed(config.seed)  # same initial weights on every rank
     model = recipe.model(config, devices)
-    rng.seed_everything(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
+    state.seed_everything(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
     single_gpu = len(devices) == 1 and devices[0].type == "cuda"  # a model over two devices has no device_ids
     wrapped = DistributedDataParallel(
         model, device_ids=[devices[0]] if single_gpu else None, gradient_as_bucket_view=True
@@ -210,9 +205,6 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
 
     Nothing is trained and nothing written but the result, which rank 0 writes as JSON.
     """
-    die_with_the_launcher()
-    if not under_torchrun():
-        ignore_interrupts_in_children()
     check_backend(config)
     recipe = load_recipe(config.recipe)
     if split == "test" and not hasattr(recipe, "test_dataset"):
@@ -228,7 +220,7 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
     if config.device == "cuda":
         torch.cuda.set_device(devices_for(config, info.local_rank)[0])
     init_process_group(config, info)
-    log = logging.getLogger(f"{__package__}.evaluate")
+    log = logging.getLogger(f"{PACKAGE}.evaluate")
     try:
         trainer = build_trainer(config, info, log, split)
         try:
@@ -254,18 +246,8 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
     return 0
 
 
-def run_smoke_probe(config: Config, info: RankInfo) -> int:
-    """One rank of `python -m <package>.doctor --smoke`'s probe (smoke.py)."""
-    from .smoke import probe_rank
-
-    return probe_rank(config, info)
-
-
 def run_rank(config: Config, info: RankInfo) -> int:
     """Everything one rank does, from its checks to clean-up. A refusal raises LaunchError before any write."""
-    die_with_the_launcher()
-    if not under_torchrun():
-        ignore_interrupts_in_children()
     reason = refusal(config, info)
     if reason:
         raise LaunchError(reason)
@@ -293,7 +275,7 @@ def run_rank(config: Config, info: RankInfo) -> int:
         trainer.fit()
     except StopRequested as stop:
         log.info(str(stop))
-        return STOPPED if stop.signum == getattr(signal, "SIGUSR1", None) else TERMINATED
+        return exit_status(stop)
     except Exception:
         log.exception("rank failed")
         raise

@@ -1,7 +1,7 @@
 """`python -m <package>.doctor --smoke`: a short real run on this machine's devices, one PASS/FAIL line per step.
 
 With the project's recipe, backend and precision, all ranks of one node, started the way training starts them
-(distributed.spawn):
+(launch.spawn):
 1. a probe in every rank: its device(s), an all-reduce over the backend, one optimizer step under the precision
    (and over both devices of the split model), then a bare DDP loop, timed;
 2. 20 steps of real training with a checkpoint after each 10-step epoch;
@@ -15,33 +15,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import shutil
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import PACKAGE
 from .config import Config
-from .distributed import (
-    as_flags,
-    bf16_problem,
-    cleanup,
-    devices_for,
-    die_with_the_launcher,
-    fit_to,
-    gpus_needed,
-    ignore_interrupts_in_children,
-    init_process_group,
-    spawn,
-)
+from .launch import TRAINING, spawn
+from .process_group import as_flags, fit_to, gpus_needed
 
-STEPS_PER_EPOCH = 10  # two epochs: 20 steps, a checkpoint after the first 10
-BARE_STEPS = 30  # the bare loop's timed steps, after 3 untimed ones
-SLOWER_THAN_BARE = 0.1  # the engine below a tenth of a bare loop's samples/s fails (10-step epochs are noisy)
 PROBE = "probe"  # the probe's per-rank results: <output_dir>/probe/rank<N>.json
+PROGRAM = ("probe.probe_rank",)  # what each rank of the probe runs (launch.run_program)
+STEPS_PER_EPOCH = 10  # two epochs: 20 steps, a checkpoint after the first 10
+SLOWER_THAN_BARE = 0.1  # the engine below a tenth of a bare loop's samples/s fails (10-step epochs are noisy)
 
 
 @dataclass
@@ -54,105 +43,6 @@ class Step:
     def line(self) -> str:
         fix = f"; fix: {self.fix}" if not self.passed and self.fix else ""
         return f"{'PASS' if self.passed else 'FAIL'}  {self.name}: {self.detail}{fix}"
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-# -- in every rank -------------------------------------------------------------
-def probe_rank(config: Config, info) -> int:
-    """One rank of the probe (rank.run_smoke_probe): each part's outcome goes to <output_dir>/probe/rank<N>.json,
-    and a part that fails does not stop the others. The model, loaders and step are the engine's own (Trainer)."""
-    import logging
-
-    import torch
-
-    from .rank import build_trainer
-
-    die_with_the_launcher()
-    ignore_interrupts_in_children()
-    devices = devices_for(config, info.local_rank)
-    if config.device == "cuda":
-        torch.cuda.set_device(devices[0])
-    else:  # as training does: the ranks share the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
-    init_process_group(config, info)
-    found: dict = {"rank": info.rank, "devices": [str(device) for device in devices]}
-    try:
-        trainer = None
-        for name, part in (("collective", _collective), ("step", _step), ("bare", _bare_loop)):
-            try:
-                if name != "collective" and trainer is None:
-                    trainer = build_trainer(config, info, logging.getLogger(f"{__package__}.smoke"))
-                found[name] = part(config, info, devices, trainer)
-            except Exception as error:  # noqa: BLE001 - reported as that part's FAIL, with its message
-                found[name] = {"error": first_line(error)}
-    finally:
-        folder = Path(config.output_dir) / PROBE
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"rank{info.rank}.json").write_text(json.dumps(found), encoding="utf-8")
-        cleanup()
-    return 0
-
-
-def _collective(config: Config, info, devices, trainer) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    total = torch.tensor([float(info.rank + 1)], device=devices[-1])
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    dist.barrier()
-    return {"sum": total.item(), "expected": info.world_size * (info.world_size + 1) / 2}
-
-
-def _one_step(trainer, batch) -> tuple:
-    """The engine's step on one batch under the precision, with its scaler: (loss, whether the gradients are finite)."""
-    trainer.optimizer.zero_grad(set_to_none=True)
-    step = trainer.custom_step if trainer.custom_steps else trainer.pair_step  # as Trainer.run_step picks
-    with trainer.autocast():
-        loss = step(trainer.model, batch)[0]
-    trainer.scaler.scale(loss).backward()
-    finite = all(p.grad is None or bool(p.grad.isfinite().all()) for p in trainer.model.parameters())
-    trainer.scaler.step(trainer.optimizer)
-    trainer.scaler.update()
-    return loss, finite
-
-
-def _step(config: Config, info, devices, trainer) -> dict:
-    import torch
-
-    if config.device == "cuda" and config.precision == "bf16":
-        own = {d.index: (torch.cuda.get_device_name(d), torch.cuda.get_device_capability(d)) for d in devices}
-        problem = bf16_problem(own)
-        if problem:
-            return {"error": problem}
-    loss, finite = _one_step(trainer, next(iter(trainer.train_data)))
-    return {
-        "loss": loss.item(),
-        "finite": math.isfinite(loss.item()) and finite,
-        "parameter_devices": sorted({str(p.device) for p in trainer.model.parameters()}),
-    }
-
-
-def _bare_loop(config: Config, info, devices, trainer) -> dict:
-    """The same model, optimizer and step in DDP on one batch kept on the devices: no loader, totals or schedule."""
-    import torch
-    import torch.distributed as dist
-
-    batch = trainer.on_devices(next(iter(trainer.train_data)))
-    for _ in range(3):
-        _one_step(trainer, batch)
-    synchronize = torch.cuda.synchronize if devices[0].type == "cuda" else lambda: None
-    synchronize()
-    started = time.perf_counter()
-    for _ in range(BARE_STEPS):
-        _one_step(trainer, batch)
-    synchronize()
-    slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=devices[-1])
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return {"samples_per_s": BARE_STEPS * config.micro_batch * info.world_size / slowest.item()}
 
 
 # -- in the doctor ---------------------------------------------------------------
@@ -222,7 +112,7 @@ class Captured:
         return " ".join(line[len("error: ") :] for line in new.splitlines() if line.startswith("error: "))
 
 
-def run_phase(config: Config, output: Captured, program: tuple = ("run_rank",)) -> tuple[int, str]:
+def run_phase(config: Config, output: Captured, program: tuple = TRAINING) -> tuple[int, str]:
     with output:
         status = spawn(config, program)
     return status, output.errors() or f"the ranks exited with status {status}"
@@ -236,7 +126,7 @@ def probe_steps(config: Config, status: int, error: str) -> list[Step]:
     ranks.sort(key=lambda found: found["rank"])
     precision = f"precision={config.precision}"
     if status or len(ranks) < config.world_size:
-        fix = error if "fix" in error or "use " in error else f"python -m {__package__}.doctor lists what to change"
+        fix = error if "fix" in error or "use " in error else f"python -m {PACKAGE}.doctor lists what to change"
         names = ["ranks on their devices", f"a collective over {config.backend}", f"a step under {precision}"]
         names += ["the split model over 2 devices"] if config.parallelism == "ddp_model_parallel" else []
         return [Step(name, False, f"the probe did not run on all ranks: {error}", fix) for name in names]
@@ -320,7 +210,7 @@ def training_steps(trained: tuple[int, str], resumed: tuple[int, str] | None, ru
             f"{2 * STEPS_PER_EPOCH} training steps and a checkpoint",
             not status and len(kept) == 2,
             f"{len(kept)} checkpoint(s), model.pt written" if not status else error,
-            error if "fix" in error else f"the rank logs in a run of your own say more: python -m {__package__}.train",
+            error if "fix" in error else f"the rank logs in a run of your own say more: python -m {PACKAGE}.train",
         )
     ]
     if resumed is None:
@@ -367,7 +257,8 @@ def throughput_step(config: Config, run: Path, probe_ranks: list[dict]) -> Step:
 @contextlib.contextmanager
 def temporary_files_inside(folder: Path):
     """The ranks' temporary files in `folder` while the block runs: torch's compile cache (torchinductor_<user>)
-    goes with the smoke check's own folder."""
+    goes with the smoke check's own folder. The launcher's own (multiprocessing's pymp-*) stays where it is, and
+    multiprocessing removes it when the doctor exits."""
     names = ("TMPDIR", "TEMP", "TMP")
     outside = {name: os.environ.get(name) for name in names}
     os.environ.update(dict.fromkeys(names, str(folder)))
@@ -409,7 +300,7 @@ def run_steps(config: Config, folder: Path) -> list[Step]:
         flush=True,
     )
     output = Captured(folder / "output.log")
-    steps = probe_steps(smoke, *run_phase(smoke, output, ("run_smoke_probe",)))
+    steps = probe_steps(smoke, *run_phase(smoke, output, PROGRAM))
     probe_ranks = [json.loads(path.read_text(encoding="utf-8")) for path in (folder / "probe-run" / PROBE).glob("*")]
     run, again = folder / "run", folder / "resumed"
     trained = run_phase(dataclasses.replace(smoke, output_dir=str(run)), output)

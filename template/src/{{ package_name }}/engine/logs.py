@@ -14,10 +14,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import PACKAGE
+
 if TYPE_CHECKING:  # tqdm is imported by the ranks only: the launcher prints its refusals with wrapped()
     from tqdm import tqdm
-
-    from .config import Config
 
 
 class AboveTheBar(logging.StreamHandler):
@@ -36,7 +36,7 @@ class AboveTheBar(logging.StreamHandler):
 
 
 def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
-    logger = logging.getLogger(f"{__package__}.rank{rank}")
+    logger = logging.getLogger(f"{PACKAGE}.rank{rank}")
     logger.setLevel(logging.DEBUG)  # the file gets DEBUG lines too; the console only INFO
     logger.handlers.clear()
     logger.propagate = False
@@ -104,16 +104,6 @@ def epoch_line(row: dict, epochs: int) -> str:
             lines[-1] += suffix
             break
     return "\n".join(lines)
-
-
-def start_lines(run_id: str, config: Config, ranks: int) -> list[str]:
-    """The run's identity, how the global batch is made, and where its files go: two short lines."""
-    micro = config.accumulate_steps
-    return [
-        f"run {run_id}: global batch {config.global_batch_size} = {ranks} rank{plural(ranks)} x "
-        f"{micro} micro-batch{plural(micro, 'es')} x {config.micro_batch}",
-        f"output in {shown_path(config.output_dir)}",
-    ]
 
 
 def plural(count: int, ending: str = "s") -> str:

@@ -31,6 +31,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .process_group import under_torchrun
+
 WINDOWS = sys.platform == "win32"
 # Windows locks byte ranges, and a locked range cannot be read by others: lock one byte far past the
 # holder's note (pid, host, run) at the start of the file, so a refused launch can still read who holds it.
@@ -238,3 +240,17 @@ def private_temporary_folder() -> Iterator[Path]:
         if handle is not None:
             handle.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def holding_the_output_dir(config):
+    """This machine's hold on output_dir, taken by the process that owns the run here (ownership.py).
+
+    The spawn path's launcher holds it for its ranks; under torchrun or srun each rank is started by
+    another program, so local rank 0 holds it. Other ranks hold nothing.
+    """
+    if not under_torchrun():
+        return hold_output_dir(Path(config.output_dir), config.node_rank)
+    if int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return contextlib.nullcontext()
+    node = int(os.environ["RANK"]) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return hold_output_dir(Path(config.output_dir), node)

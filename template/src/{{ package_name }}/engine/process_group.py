@@ -1,5 +1,5 @@
-"""The one place that knows how ranks start, which backend and devices they use,
-and what native Windows needs.
+"""The one place that knows which backend and devices the ranks use, how they meet, and what native
+Windows needs.
 
 Windows facts encoded here (docs/troubleshooting.md in the template explains each):
 - NCCL is never built for Windows: gloo only.
@@ -10,37 +10,24 @@ Windows facts encoded here (docs/troubleshooting.md in the template explains eac
 - "localhost" can resolve to IPv6 or a Docker hosts entry: 127.0.0.1 on one machine.
 - A program that listens beyond loopback triggers the Windows Defender Firewall prompt: ranks on one
   machine meet through a file (FileStore) and gloo listens on 127.0.0.1 (gloo_binding).
-- Windows has only the spawn start method: workers are top-level functions and
-  the entry point sits behind `if __name__ == "__main__":`.
+- Windows has only the spawn start method, so ranks and DataLoader workers are spawned on every OS
+  (START_METHOD): code that Windows would refuse to pickle fails on Linux too, where it is found first.
 
-The launcher process uses only the standard library: torch is imported inside the functions
-that ranks call. Ranks start with spawn on every OS, as mp.spawn does in PyTorch's DDP tutorial and
-as Windows requires: each is a fresh interpreter that imports the main module and unpickles its
-function and arguments, so code that Windows would refuse fails on Linux too.
+Importing this module does not import torch: the launcher uses it too. Functions that need torch import it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import datetime
-import json
-import multiprocessing.connection
+import multiprocessing
 import os
-import shutil
-import signal
 import socket
 import sys
-import tempfile
-import threading
-import time
-import traceback
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import PACKAGE
 from .config import Config
-from .logs import shown_path, wrapped
 
 if TYPE_CHECKING:
     import torch
@@ -159,7 +146,7 @@ def backend_problems(config: Config, platform: str = sys.platform) -> list[str]:
     import torch
     import torch.distributed as dist
 
-    train = f"python -m {__package__}.train"
+    train = f"python -m {PACKAGE}.train"
     found = []
     if config.backend == "nccl" and platform == "win32":
         found.append(
@@ -183,7 +170,7 @@ def backend_problems(config: Config, platform: str = sys.platform) -> list[str]:
             found.append(
                 f"{needed} GPU(s) needed for {whose} with parallelism="
                 f"{config.parallelism}, {gpus} visible; fix: install the CUDA build of environment.yml, check "
-                f"nvidia-smi (python -m {__package__}.doctor), or train with what is here: {train} "
+                f"nvidia-smi (python -m {PACKAGE}.doctor), or train with what is here: {train} "
                 f"{as_flags(fit_to(config, gpus))}"
             )
         elif config.precision == "bf16":
@@ -341,79 +328,6 @@ def cleanup() -> None:
         dist.destroy_process_group()
 
 
-_heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _run_ranks
-
-
-def die_with_the_launcher() -> None:
-    """Stop this rank within about a second once the process that started it is gone; beat meanwhile.
-
-    A launcher killed outright (SIGKILL, the task manager, its console window closed) cannot stop its
-    ranks, which would train on, write to the output folder and hold their GPUs. Spawned ranks wait on
-    their parent's sentinel (Windows and POSIX); ranks under torchrun notice that they were re-parented.
-    The same thread writes a heartbeat every second for the launcher, from its own thread, so a rank that
-    waits in a collective still beats and only a frozen (suspended, stopped) process falls silent.
-    """
-    parent = multiprocessing.parent_process()
-    if parent is None and WINDOWS:
-        return  # not started by multiprocessing: torchrun is Linux-only here
-    original_parent = os.getppid()
-
-    def launcher_gone() -> bool:
-        if _heartbeat is not None:
-            beats, slot = _heartbeat
-            beats[slot] = time.time()
-        if parent is not None:
-            return bool(multiprocessing.connection.wait([parent.sentinel], timeout=1.0))
-        time.sleep(1.0)
-        return os.getppid() != original_parent
-
-    def watch() -> None:
-        while not launcher_gone():
-            pass
-        print(f"rank (pid {os.getpid()}) stopping: its launcher is gone", file=sys.stderr, flush=True)
-        # Not sys.exit: that ends this thread only, and the main thread may wait in a collective for ever.
-        os._exit(1)
-
-    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
-
-
-def rank_program(program: str = "run_rank"):
-    """A function of rank.py (run_rank, run_evaluation, run_smoke_probe); imported here, never in the launcher,
-    because rank.py imports torch."""
-    from . import rank
-
-    return getattr(rank, program)
-
-
-def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: tuple) -> None:
-    """Entry point of every spawned process (top level, so Windows can pickle it).
-
-    Its status ends the process through multiprocessing's own exit (sys.exit), so atexit handlers and
-    finalizers run as in any Python program. A failure is written to `report` for the launcher: a refusal
-    (LaunchError) as its message, anything else as its traceback. The file, not a pipe: a long traceback
-    cannot block a rank that is exiting.
-    """
-    global _heartbeat
-    _heartbeat = (beats, local_rank)
-    info = RankInfo(
-        rank=config.node_rank * config.nproc_per_node + local_rank,
-        local_rank=local_rank,
-        world_size=config.world_size,
-        started_by="spawn",
-    )
-    try:
-        status = rank_program(program[0])(config, info, *program[1:])
-    except LaunchError as refused:
-        failure = {"refused": True, "message": str(refused)}
-    except Exception:
-        failure = {"refused": False, "message": traceback.format_exc()}
-    else:
-        sys.exit(status or 0)
-    failure["time"] = time.time()  # the first failure is the cause; the others followed it
-    Path(report).write_text(json.dumps(failure), encoding="utf-8")
-    sys.exit(1)
-
-
 def torchrun_rank() -> RankInfo:
     starters = {"TORCHELASTIC_RUN_ID": "torchrun", "SLURM_PROCID": "srun"}  # else set by hand
     return RankInfo(
@@ -425,13 +339,6 @@ def torchrun_rank() -> RankInfo:
 
 
 RESTART_VARIABLE = "DDP_RESTART_COUNT"  # the spawn path's twin of torchrun's TORCHELASTIC_RESTART_COUNT
-INTERRUPTED = 130  # the shell convention for Ctrl+C
-STOPPED = 75  # EX_TEMPFAIL: stopped on SIGUSR1 with a checkpoint saved; run again to continue
-TERMINATED = 143  # 128 + SIGTERM: stopped on SIGTERM (or Ctrl+Break on Windows) with a checkpoint saved
-# What asks the ranks to save and stop: Slurm's warning before a time limit (SIGUSR1), docker stop, Kubernetes
-# and process managers (SIGTERM), Ctrl+Break in a Windows console (SIGBREAK, which every process there gets).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGTERM", "SIGBREAK") if hasattr(signal, name))
-REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
 
 
 def restart_count() -> int:
@@ -463,217 +370,9 @@ def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"restart-{restart_count()}", shared)
 
 
-_running: list = []  # the ranks of the current start, for the launcher's signal handler
-_stop_signal = 0  # the signal that asked the launcher to stop its ranks cleanly (0: none)
-
-
-def _ask_ranks_to_stop(signum, frame) -> None:
-    """SIGTERM (or Ctrl+Break) reached the launcher: pass it on, so the ranks agree, save and stop.
-
-    Windows delivers Ctrl+Break to every process of the console, the ranks too; it has no SIGTERM to pass on.
-    """
-    global _stop_signal
-    first, _stop_signal = not _stop_signal, signum
-    if first and not WINDOWS:
-        for rank in _running:
-            if rank.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(rank.pid, signal.SIGTERM)
-
-
-def spawn(config: Config, program: tuple = ("run_rank",)) -> int:
-    """Start config.nproc_per_node ranks on this machine and wait for all of them.
-
-    Each runs `program`: the name of an entry point in rank.py (training by default), then its arguments.
-
-    Returns the exit status for the whole job: 0 when every rank finished,
-    otherwise non-zero. When one rank fails, the others are stopped, so the
-    job never hangs on a dead peer; with max_restarts > 0 all ranks are then
-    started again and resume from the newest checkpoint (a refusal is not retried).
-    Ctrl+C stops every rank and returns 130; SIGTERM (Ctrl+Break on Windows) asks them to save a checkpoint
-    and stop, and returns 143.
-    """
-    global _stop_signal
-    _stop_signal = 0
-    os.environ.update(rendezvous_environment(config))
-    if config.nnodes > 1 and config.node_rank == 0:
-        check_port_free(config.master_addr, config.master_port)
-    warn_about_oversubscription(config)
-    stops = [name for name in ("SIGTERM", "SIGBREAK") if hasattr(signal, name)]
-    previous = {name: signal.signal(getattr(signal, name), _ask_ranks_to_stop) for name in stops}
-    try:
-        for attempt in range(config.max_restarts + 1):
-            os.environ[RESTART_VARIABLE] = str(attempt)
-            if attempt:
-                print(
-                    f"restarting all ranks from the newest checkpoint (restart {attempt} of {config.max_restarts})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                config = dataclasses.replace(config, resume="auto")
-            status = _run_ranks_in_own_folder(config, program)
-            if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED) or _stop_signal:
-                return 1 if status == REFUSED else status
-        return status
-    finally:
-        for name, handler in previous.items():
-            signal.signal(getattr(signal, name), handler)
-
-
-def warn_about_oversubscription(config: Config) -> None:
-    """More CPU ranks than cores: each gets a fraction of one, and every rank holds its own torch (memory)."""
-    cores = os.cpu_count() or 1
-    if config.device == "cpu" and config.nproc_per_node > cores:
-        print(
-            f"warning: nproc_per_node={config.nproc_per_node} CPU ranks on {cores} core(s): each rank gets a "
-            f"fraction of a core and its own copy of torch in memory, so training is slower than with "
-            f"--nproc-per-node {cores}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def _run_ranks_in_own_folder(config: Config, program: tuple) -> int:
-    """One start of the ranks, with a new folder for its failure reports and, on one machine, its store.
-
-    On one machine the ranks meet through a file there (a FileStore), so nothing listens on a port.
-    A new folder per start: a store file left by a killed attempt would mix two attempts' keys.
-    """
-    folder = tempfile.mkdtemp(prefix="ddp-start-")
-    if config.nnodes == 1:
-        os.environ[STORE_FILE_VARIABLE] = os.path.join(folder, "store")
-    try:
-        return _run_ranks(config, Path(folder), program)
-    finally:
-        os.environ.pop(STORE_FILE_VARIABLE, None)
-        shutil.rmtree(folder, ignore_errors=True)
+START_METHOD = "spawn"  # the only start method Windows has: the launcher's ranks and every rank's DataLoader workers
 
 
 def process_context() -> multiprocessing.context.BaseContext:
-    """How this program starts processes, on every OS: the launcher its ranks, each rank its DataLoader workers
-    (loaders.py)."""
-    return multiprocessing.get_context("spawn")
-
-
-def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
-    context = process_context()
-    # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
-    beats = context.RawArray("d", config.nproc_per_node)
-    reports = [folder / f"rank{slot}.failure.json" for slot in range(config.nproc_per_node)]
-    ranks = [
-        context.Process(
-            target=_spawned_rank,
-            args=(slot, config, beats, str(reports[slot]), program),
-            name=f"rank{slot}",
-        )
-        for slot in range(config.nproc_per_node)
-    ]
-    _running[:] = ranks
-    try:
-        for rank in ranks:
-            rank.start()
-        while True:
-            multiprocessing.connection.wait([rank.sentinel for rank in ranks], timeout=1.0)
-            ended = [slot for slot, rank in enumerate(ranks) if rank.exitcode not in (None, 0)]
-            if ended:
-                break
-            if all(rank.exitcode == 0 for rank in ranks):
-                return 0
-            silent = _silent_ranks(beats, config.timeout_s)
-            if silent:
-                _stop(ranks)
-                print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
-                return 1
-    except KeyboardInterrupt:
-        _stop(ranks)
-        print("interrupted: every rank was stopped", file=sys.stderr, flush=True)
-        return INTERRUPTED
-    finally:
-        _running.clear()
-    failures = {slot: _read_report(reports[slot]) for slot in ended}
-    slot = min(ended, key=lambda slot: failures[slot]["time"] if failures[slot] else float("inf"))
-    failure, code = failures[slot], ranks[slot].exitcode
-    silent = _silent_ranks(beats, 3.0) if failure else {}  # a rank timed out waiting: was a peer frozen?
-    _stop(ranks)
-    if code in (STOPPED, TERMINATED):
-        asked_by = "SIGUSR1" if code == STOPPED else signal.Signals(_stop_signal or signal.SIGTERM).name
-        print(f"stopped on {asked_by} with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)
-        return code
-    if failure and failure["refused"]:
-        print(wrapped(f"error: {failure['message']}"), file=sys.stderr, flush=True)
-        return REFUSED
-    if failure:
-        reason = [line for line in failure["message"].splitlines() if line.strip()][-1]
-        logs = Path(config.output_dir) / "logs"
-        details = f" (details: {shown_path(logs / 'rank*.log')})" if logs.is_dir() else ""  # where logs were written
-        cause = f"{_describe(silent)}, and " if silent else ""
-        if not details:  # no log of this run holds the traceback: it goes here
-            print(failure["message"].rstrip(), file=sys.stderr, flush=True)
-        print(wrapped(f"error: {cause}rank {slot} failed: {reason}{details}"), file=sys.stderr, flush=True)
-        return 1
-    if _stop_signal:  # asked to stop before the ranks could save (still starting)
-        print(
-            f"interrupted by {signal.Signals(_stop_signal).name}: every rank was stopped", file=sys.stderr, flush=True
-        )
-        return TERMINATED
-    how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    print(f"error: rank {slot} {how}", file=sys.stderr, flush=True)
-    return code if code > 0 else 1
-
-
-def _read_report(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # the rank ended without a report: killed, or it exited with a status of its own
-
-
-def _silent_ranks(beats, after_s: float) -> dict[int, float]:
-    """Ranks that beat once and then fell silent for after_s seconds: {local rank: seconds silent}."""
-    now = time.time()
-    return {slot: now - beat for slot, beat in enumerate(beats) if beat and now - beat >= after_s}
-
-
-def _describe(silent: dict[int, float]) -> str:
-    return "; ".join(
-        f"rank {slot} stopped answering (no sign of life for {seconds:.0f} s: suspended, stopped or frozen)"
-        for slot, seconds in silent.items()
-    )
-
-
-def _stop(processes: list) -> None:
-    """Kill every rank still alive. Not SIGTERM: a rank takes that as a request to save and stop, which a job
-    ending on a failure or Ctrl+C has no peers left for (and a frozen rank cannot handle at all)."""
-    started = [process for process in processes if process.pid is not None]
-    for process in started:
-        if process.is_alive():
-            process.kill()
-    for process in started:
-        process.join()
-
-
-def ignore_interrupts_in_children() -> None:
-    """Ranks leave Ctrl+C to the parent, which stops them all in order."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def torchrun_layout(config: Config) -> Config:
-    """Under torchrun, torchrun decides the process layout and the restarts, not the config."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc_per_node))
-    torchrun_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    if config.max_restarts not in (0, torchrun_restarts) and torchrun_rank().rank == 0:
-        print(
-            f"warning: max_restarts={config.max_restarts} does not apply under torchrun, which restarts the ranks "
-            f"itself (here {torchrun_restarts} time(s)): use MAX_RESTARTS={config.max_restarts} scripts/train.sh "
-            f"or torchrun --max-restarts {config.max_restarts}",
-            file=sys.stderr,
-            flush=True,
-        )
-    return dataclasses.replace(
-        config,
-        nproc_per_node=local,
-        nnodes=int(os.environ["WORLD_SIZE"]) // local,
-        max_restarts=torchrun_restarts,
-        # A restarted rank continues from the newest checkpoint, as on the spawn path.
-        resume="auto" if restart_count() else config.resume,
-    )
+    """How this program starts processes: the launcher its ranks, each rank its DataLoader workers (loaders.py)."""
+    return multiprocessing.get_context(START_METHOD)

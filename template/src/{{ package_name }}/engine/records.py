@@ -12,8 +12,11 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, checkpoint
+from .. import __version__
+from . import PROJECT_ROOT, checkpoint
+from .config import Config
 from .files import write_text_durably
+from .logs import plural, shown_path
 from .ownership import name_the_run
 
 RUN_RECORD = "run.json"
@@ -39,7 +42,7 @@ def git_commit() -> str | None:
 
 
 def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: int, config: dict) -> None:
-    answers_file = Path(__file__).resolve().parents[2] / ".copier-answers.yml"
+    answers_file = PROJECT_ROOT / ".copier-answers.yml"
     record = {
         "run_id": run_id,
         "versions": versions(),
@@ -121,3 +124,13 @@ def claim_output_dir(output_dir: Path, resume: str, overwrite: bool, resumed_run
         "Continue that run with --resume auto, train into a new --output-dir, "
         "or replace it with --overwrite (overwrite = true in configs/train.toml)"
     )
+
+
+def start_lines(run_id: str, config: Config, ranks: int) -> list[str]:
+    """The run's identity, how the global batch is made, and where its files go: two short lines."""
+    micro = config.accumulate_steps
+    return [
+        f"run {run_id}: global batch {config.global_batch_size} = {ranks} rank{plural(ranks)} x "
+        f"{micro} micro-batch{plural(micro, 'es')} x {config.micro_batch}",
+        f"output in {shown_path(config.output_dir)}",
+    ]

@@ -1,0 +1,20 @@
+"""The engine: the part of the training program that is the same for every recipe.
+
+`copier update` replaces these files; your changes belong in recipe.py, model.py, data.py and configs/
+(docs/make-it-your-own.md). A recipe or a Dataset imports only the names defined or imported here
+(Config, Batch), which stay where they are across updates.
+"""
+
+from pathlib import Path
+
+PACKAGE = __package__.rpartition(".")[0]  # the project's package: python -m <PACKAGE>.train
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/<package>/engine/ -> the folder with configs/
+
+
+class Batch(tuple):
+    """A batch that a dataset's `__getitems__` already assembled, e.g. (inputs, targets); passed on as it is."""
+
+
+from .config import Config  # noqa: E402 - config.py reads PACKAGE
+
+__all__ = ["PACKAGE", "PROJECT_ROOT", "Batch", "Config"]

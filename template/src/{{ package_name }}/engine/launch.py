@@ -1,0 +1,355 @@
+"""Starts the ranks of one machine and watches them: restarts, heartbeats, stop requests, exit statuses.
+
+The launcher process uses only the standard library: torch is imported by the ranks alone, in the rank
+program they run (rank.py, or probe.py for the doctor's smoke check). Each rank is a spawned process
+(process_group.START_METHOD) that imports the project afresh, as on Windows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import multiprocessing.connection
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from . import PACKAGE
+from .config import Config
+from .logs import shown_path, wrapped
+from .process_group import (
+    RESTART_VARIABLE,
+    STORE_FILE_VARIABLE,
+    WINDOWS,
+    LaunchError,
+    RankInfo,
+    check_port_free,
+    process_context,
+    rendezvous_environment,
+    restart_count,
+    torchrun_rank,
+    under_torchrun,
+)
+from .stopping import INTERRUPTED, STOPPED, TERMINATED
+
+REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
+TRAIN_COMMAND = f"python -m {PACKAGE}.train"
+TRAINING = ("rank.run_rank",)  # the program every rank of a training run runs: module.function, then arguments
+
+# scripts/train.* name themselves here (as the user typed them) and pass --config first.
+LAUNCHER_VARIABLE = "DDP_LAUNCHER"
+
+
+def resume_command(argv: list[str] | None) -> str:
+    """The command that was run, with --resume auto instead of any --resume it had: the launcher script and
+    the user's own arguments when a launcher started this, else this module with every argument."""
+    args, kept = list(sys.argv[1:] if argv is None else argv), []
+    launcher = os.environ.get(LAUNCHER_VARIABLE)
+    if launcher and args[:1] == ["--config"]:
+        args = args[2:]  # the launcher's own --config, which it passes again
+    while args:
+        arg = args.pop(0)
+        if arg == "--resume" and args:
+            args.pop(0)
+        elif not arg.startswith("--resume="):
+            kept.append(arg)
+    rest = [*kept, "--resume", "auto"]
+    line = subprocess.list2cmdline if sys.platform == "win32" else shlex.join
+    return f"{launcher} {line(rest)}" if launcher else line([*TRAIN_COMMAND.split(), *rest])
+
+
+_heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _run_ranks
+
+
+def die_with_the_launcher() -> None:
+    """Stop this rank within about a second once the process that started it is gone; beat meanwhile.
+
+    A launcher killed outright (SIGKILL, the task manager, its console window closed) cannot stop its
+    ranks, which would train on, write to the output folder and hold their GPUs. Spawned ranks wait on
+    their parent's sentinel (Windows and POSIX); ranks under torchrun notice that they were re-parented.
+    The same thread writes a heartbeat every second for the launcher, from its own thread, so a rank that
+    waits in a collective still beats and only a frozen (suspended, stopped) process falls silent.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None and WINDOWS:
+        return  # not started by multiprocessing: torchrun is Linux-only here
+    original_parent = os.getppid()
+
+    def launcher_gone() -> bool:
+        if _heartbeat is not None:
+            beats, slot = _heartbeat
+            beats[slot] = time.time()
+        if parent is not None:
+            return bool(multiprocessing.connection.wait([parent.sentinel], timeout=1.0))
+        time.sleep(1.0)
+        return os.getppid() != original_parent
+
+    def watch() -> None:
+        while not launcher_gone():
+            pass
+        print(f"rank (pid {os.getpid()}) stopping: its launcher is gone", file=sys.stderr, flush=True)
+        os._exit(1)  # from this thread only os._exit ends the rank: its main thread may wait in a collective
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def run_program(program: tuple, config: Config, info: RankInfo) -> int:
+    """Run `program` in this rank: ("module.function", *arguments) of this package, called with the config,
+    this rank's RankInfo and the arguments. Imported here, in the rank: the program's module imports torch."""
+    module, function = program[0].rsplit(".", 1)
+    die_with_the_launcher()
+    if not under_torchrun():
+        ignore_interrupts_in_children()
+    return getattr(importlib.import_module(f".{module}", __package__), function)(config, info, *program[1:])
+
+
+def join_as_rank(config: Config, program: tuple = TRAINING) -> int:
+    """torchrun, or one Slurm task per rank, started this process as one rank: run `program` as that rank."""
+    return run_program(program, torchrun_layout(config), torchrun_rank())
+
+
+def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: tuple) -> None:
+    """Entry point of every spawned process (top level, so Windows can pickle it).
+
+    A failure is written to `report` for the launcher: a refusal (LaunchError) as its message, anything
+    else as its traceback. The file, not a pipe: a long traceback cannot block a rank that is exiting.
+    """
+    global _heartbeat
+    _heartbeat = (beats, local_rank)
+    info = RankInfo(
+        rank=config.node_rank * config.nproc_per_node + local_rank,
+        local_rank=local_rank,
+        world_size=config.world_size,
+        started_by="spawn",
+    )
+    try:
+        status = run_program(program, config, info)
+    except LaunchError as refused:
+        failure = {"refused": True, "message": str(refused)}
+    except Exception:
+        failure = {"refused": False, "message": traceback.format_exc()}
+    else:
+        sys.exit(status or 0)  # a normal end: atexit handlers and finalisers run, as in any Python program
+    failure["time"] = time.time()  # the first failure is the cause; the others followed it
+    Path(report).write_text(json.dumps(failure), encoding="utf-8")
+    sys.exit(1)
+
+
+_running: list = []  # the ranks of the current start, for the launcher's signal handler
+_stop_signal = 0  # the signal that asked the launcher to stop its ranks cleanly (0: none)
+
+
+def _ask_ranks_to_stop(signum, frame) -> None:
+    """SIGTERM (or Ctrl+Break) reached the launcher: pass it on, so the ranks agree, save and stop.
+
+    Windows delivers Ctrl+Break to every process of the console, the ranks too; it has no SIGTERM to pass on.
+    """
+    global _stop_signal
+    first, _stop_signal = not _stop_signal, signum
+    if first and not WINDOWS:
+        for rank in _running:
+            if rank.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank.pid, signal.SIGTERM)
+
+
+def spawn(config: Config, program: tuple = TRAINING) -> int:
+    """Start config.nproc_per_node ranks on this machine and wait for all of them.
+
+    Each runs `program` (run_program): a function of this package's rank.py or probe.py, then its arguments.
+
+    Returns the exit status for the whole job: 0 when every rank finished,
+    otherwise non-zero. When one rank fails, the others are stopped, so the
+    job never hangs on a dead peer; with max_restarts > 0 all ranks are then
+    started again and resume from the newest checkpoint (a refusal is not retried).
+    Ctrl+C stops every rank and returns 130; SIGTERM (Ctrl+Break on Windows) asks them to save a checkpoint
+    and stop, and returns 143.
+    """
+    global _stop_signal
+    _stop_signal = 0
+    os.environ.update(rendezvous_environment(config))
+    if config.nnodes > 1 and config.node_rank == 0:
+        check_port_free(config.master_addr, config.master_port)
+    warn_about_oversubscription(config)
+    stops = [name for name in ("SIGTERM", "SIGBREAK") if hasattr(signal, name)]
+    previous = {name: signal.signal(getattr(signal, name), _ask_ranks_to_stop) for name in stops}
+    try:
+        for attempt in range(config.max_restarts + 1):
+            os.environ[RESTART_VARIABLE] = str(attempt)
+            if attempt:
+                print(
+                    f"restarting all ranks from the newest checkpoint (restart {attempt} of {config.max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                config = dataclasses.replace(config, resume="auto")
+            status = _run_ranks_in_own_folder(config, program)
+            if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED) or _stop_signal:
+                return 1 if status == REFUSED else status
+        return status
+    finally:
+        for name, handler in previous.items():
+            signal.signal(getattr(signal, name), handler)
+
+
+def warn_about_oversubscription(config: Config) -> None:
+    """More CPU ranks than cores: each gets a fraction of one, and every rank holds its own torch (memory)."""
+    cores = os.cpu_count() or 1
+    if config.device == "cpu" and config.nproc_per_node > cores:
+        print(
+            f"warning: nproc_per_node={config.nproc_per_node} CPU ranks on {cores} core(s): each rank gets a "
+            f"fraction of a core and its own copy of torch in memory, so training is slower than with "
+            f"--nproc-per-node {cores}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _run_ranks_in_own_folder(config: Config, program: tuple) -> int:
+    """One start of the ranks, with a new folder for its failure reports and, on one machine, its store.
+
+    On one machine the ranks meet through a file there (a FileStore), so nothing listens on a port.
+    A new folder per start: a store file left by a killed attempt would mix two attempts' keys.
+    """
+    folder = tempfile.mkdtemp(prefix="ddp-start-")
+    if config.nnodes == 1:
+        os.environ[STORE_FILE_VARIABLE] = os.path.join(folder, "store")
+    try:
+        return _run_ranks(config, Path(folder), program)
+    finally:
+        os.environ.pop(STORE_FILE_VARIABLE, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
+    context = process_context()
+    # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
+    beats = context.RawArray("d", config.nproc_per_node)
+    reports = [folder / f"rank{slot}.failure.json" for slot in range(config.nproc_per_node)]
+    ranks = [
+        context.Process(
+            target=_spawned_rank,
+            args=(slot, config, beats, str(reports[slot]), program),
+            name=f"rank{slot}",
+        )
+        for slot in range(config.nproc_per_node)
+    ]
+    _running[:] = ranks
+    try:
+        for rank in ranks:
+            rank.start()
+        while True:
+            multiprocessing.connection.wait([rank.sentinel for rank in ranks], timeout=1.0)
+            ended = [slot for slot, rank in enumerate(ranks) if rank.exitcode not in (None, 0)]
+            if ended:
+                break
+            if all(rank.exitcode == 0 for rank in ranks):
+                return 0
+            silent = _silent_ranks(beats, config.timeout_s)
+            if silent:
+                _stop(ranks)
+                print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
+                return 1
+    except KeyboardInterrupt:
+        _stop(ranks)
+        print("interrupted: every rank was stopped", file=sys.stderr, flush=True)
+        return INTERRUPTED
+    finally:
+        _running.clear()
+    failures = {slot: _read_report(reports[slot]) for slot in ended}
+    slot = min(ended, key=lambda slot: failures[slot]["time"] if failures[slot] else float("inf"))
+    failure, code = failures[slot], ranks[slot].exitcode
+    silent = _silent_ranks(beats, 3.0) if failure else {}  # a rank timed out waiting: was a peer frozen?
+    _stop(ranks)
+    if code in (STOPPED, TERMINATED):
+        asked_by = "SIGUSR1" if code == STOPPED else signal.Signals(_stop_signal or signal.SIGTERM).name
+        print(f"stopped on {asked_by} with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)
+        return code
+    if failure and failure["refused"]:
+        print(wrapped(f"error: {failure['message']}"), file=sys.stderr, flush=True)
+        return REFUSED
+    if failure:
+        reason = [line for line in failure["message"].splitlines() if line.strip()][-1]
+        logs = Path(config.output_dir) / "logs"
+        details = f" (details: {shown_path(logs / 'rank*.log')})" if logs.is_dir() else ""  # where logs were written
+        cause = f"{_describe(silent)}, and " if silent else ""
+        if not details:  # no log of this run holds the traceback: it goes here
+            print(failure["message"].rstrip(), file=sys.stderr, flush=True)
+        print(wrapped(f"error: {cause}rank {slot} failed: {reason}{details}"), file=sys.stderr, flush=True)
+        return 1
+    if _stop_signal:  # asked to stop before the ranks could save (still starting)
+        print(
+            f"interrupted by {signal.Signals(_stop_signal).name}: every rank was stopped", file=sys.stderr, flush=True
+        )
+        return TERMINATED
+    how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    print(f"error: rank {slot} {how}", file=sys.stderr, flush=True)
+    return code if code > 0 else 1
+
+
+def _read_report(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # the rank ended without a report: killed, or it exited with a status of its own
+
+
+def _silent_ranks(beats, after_s: float) -> dict[int, float]:
+    """Ranks that beat once and then fell silent for after_s seconds: {local rank: seconds silent}."""
+    now = time.time()
+    return {slot: now - beat for slot, beat in enumerate(beats) if beat and now - beat >= after_s}
+
+
+def _describe(silent: dict[int, float]) -> str:
+    return "; ".join(
+        f"rank {slot} stopped answering (no sign of life for {seconds:.0f} s: suspended, stopped or frozen)"
+        for slot, seconds in silent.items()
+    )
+
+
+def _stop(processes: list) -> None:
+    """Kill every rank still alive. Not SIGTERM: a rank takes that as a request to save and stop, which a job
+    ending on a failure or Ctrl+C has no peers left for (and a frozen rank cannot handle at all)."""
+    started = [process for process in processes if process.pid is not None]
+    for process in started:
+        if process.is_alive():
+            process.kill()
+    for process in started:
+        process.join()
+
+
+def ignore_interrupts_in_children() -> None:
+    """Ranks leave Ctrl+C to the parent, which stops them all in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def torchrun_layout(config: Config) -> Config:
+    """Under torchrun, torchrun decides the process layout and the restarts, not the config."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc_per_node))
+    torchrun_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if config.max_restarts not in (0, torchrun_restarts) and torchrun_rank().rank == 0:
+        print(
+            f"warning: max_restarts={config.max_restarts} does not apply under torchrun, which restarts the ranks "
+            f"itself (here {torchrun_restarts} time(s)): use MAX_RESTARTS={config.max_restarts} scripts/train.sh "
+            f"or torchrun --max-restarts {config.max_restarts}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return dataclasses.replace(
+        config,
+        nproc_per_node=local,
+        nnodes=int(os.environ["WORLD_SIZE"]) // local,
+        max_restarts=torchrun_restarts,
+        # A restarted rank continues from the newest checkpoint, as on the spawn path.
+        resume="auto" if restart_count() else config.resume,
+    )

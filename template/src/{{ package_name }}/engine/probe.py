@@ -1,0 +1,104 @@
+"""The rank side of `python -m <package>.doctor --smoke` (smoke.py): each rank's device(s), an all-reduce over the
+backend, one optimizer step under the precision, then a bare DDP loop, timed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import PACKAGE
+from .config import Config
+from .process_group import bf16_problem, cleanup, devices_for, init_process_group
+from .rank import build_trainer
+from .smoke import PROBE
+
+BARE_STEPS = 30  # the bare loop's timed steps, after 3 untimed ones
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def probe_rank(config: Config, info) -> int:
+    """One rank of the probe (launch.run_program): each part's outcome goes to <output_dir>/probe/rank<N>.json,
+    and a part that fails does not stop the others. The model, loaders and step are the engine's own (Trainer)."""
+    devices = devices_for(config, info.local_rank)
+    if config.device == "cuda":
+        torch.cuda.set_device(devices[0])
+    else:  # as training does: the ranks share the cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
+    init_process_group(config, info)
+    found: dict = {"rank": info.rank, "devices": [str(device) for device in devices]}
+    try:
+        trainer = None
+        for name, part in (("collective", _collective), ("step", _step), ("bare", _bare_loop)):
+            try:
+                if name != "collective" and trainer is None:
+                    trainer = build_trainer(config, info, logging.getLogger(f"{PACKAGE}.smoke"))
+                found[name] = part(config, info, devices, trainer)
+            except Exception as error:  # noqa: BLE001 - reported as that part's FAIL, with its message
+                found[name] = {"error": first_line(error)}
+    finally:
+        folder = Path(config.output_dir) / PROBE
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank{info.rank}.json").write_text(json.dumps(found), encoding="utf-8")
+        cleanup()
+    return 0
+
+
+def _collective(config: Config, info, devices, trainer) -> dict:
+    total = torch.tensor([float(info.rank + 1)], device=devices[-1])
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    dist.barrier()
+    return {"sum": total.item(), "expected": info.world_size * (info.world_size + 1) / 2}
+
+
+def _one_step(trainer, batch) -> tuple:
+    """The engine's step on one batch under the precision, with its scaler: (loss, whether the gradients are finite)."""
+    trainer.optimizer.zero_grad(set_to_none=True)
+    step = trainer.custom_step if trainer.custom_steps else trainer.pair_step  # as Trainer.run_step picks
+    with trainer.autocast():
+        loss = step(trainer.model, batch)[0]
+    trainer.scaler.scale(loss).backward()
+    finite = all(p.grad is None or bool(p.grad.isfinite().all()) for p in trainer.model.parameters())
+    trainer.scaler.step(trainer.optimizer)
+    trainer.scaler.update()
+    return loss, finite
+
+
+def _step(config: Config, info, devices, trainer) -> dict:
+    if config.device == "cuda" and config.precision == "bf16":
+        own = {d.index: (torch.cuda.get_device_name(d), torch.cuda.get_device_capability(d)) for d in devices}
+        problem = bf16_problem(own)
+        if problem:
+            return {"error": problem}
+    loss, finite = _one_step(trainer, next(iter(trainer.train_data)))
+    return {
+        "loss": loss.item(),
+        "finite": math.isfinite(loss.item()) and finite,
+        "parameter_devices": sorted({str(p.device) for p in trainer.model.parameters()}),
+    }
+
+
+def _bare_loop(config: Config, info, devices, trainer) -> dict:
+    """The same model, optimizer and step in DDP on one batch kept on the devices: no loader, totals or schedule."""
+    batch = trainer.on_devices(next(iter(trainer.train_data)))
+    for _ in range(3):
+        _one_step(trainer, batch)
+    synchronize = torch.cuda.synchronize if devices[0].type == "cuda" else lambda: None
+    synchronize()
+    started = time.perf_counter()
+    for _ in range(BARE_STEPS):
+        _one_step(trainer, batch)
+    synchronize()
+    slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=devices[-1])
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return {"samples_per_s": BARE_STEPS * config.micro_batch * info.world_size / slowest.item()}

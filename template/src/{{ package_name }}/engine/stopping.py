@@ -1,0 +1,46 @@
+"""How a run is asked to stop cleanly, and the exit statuses the launcher and the ranks agree on.
+
+A STOP_SIGNALS signal asks for a clean stop: Slurm's SIGUSR1 before a time limit or a preemption
+(--signal=USR1@90), SIGTERM from docker stop, Kubernetes or a process manager, Ctrl+Break in a Windows
+console (SIGBREAK, which every process there gets). The ranks agree every STOP_CHECK_EVERY steps and at
+each epoch's end (trainer.py), save a checkpoint and exit with STOPPED (SIGUSR1) or TERMINATED (the others).
+"""
+
+from __future__ import annotations
+
+import signal
+
+INTERRUPTED = 130  # the shell convention for Ctrl+C
+STOPPED = 75  # EX_TEMPFAIL: stopped on SIGUSR1 with a checkpoint saved; run again to continue
+TERMINATED = 143  # 128 + SIGTERM: stopped on SIGTERM (or Ctrl+Break on Windows) with a checkpoint saved
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGTERM", "SIGBREAK") if hasattr(signal, name))
+STOP_CHECK_EVERY = 16
+
+_received = 0  # the signal this process received (0: none)
+
+
+class StopRequested(Exception):
+    """Every rank stopped on a stop signal after saving a checkpoint."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+def _request_a_stop(signum, frame) -> None:
+    global _received
+    _received = max(_received, signum)
+
+
+def listen_for_stop_requests(signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    for signum in signals:
+        signal.signal(signum, _request_a_stop)
+
+
+def received() -> int:
+    """The stop signal this process got (0: none)."""
+    return _received
+
+
+def exit_status(stop: StopRequested) -> int:
+    return STOPPED if stop.signum == getattr(signal, "SIGUSR1", None) else TERMINATED

@@ -1,0 +1,93 @@
+"""What a recipe reports per batch, summed over batches and then over ranks in float64."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+
+class Totals:
+    """What a recipe reports per batch, summed over batches in fp64, without a device sync per batch.
+
+    `means` are the batch's per-sample means (the loss, values a training_step logs): weighted by the batch's
+    samples. `sums` are sums already (metric(), validation_step's counts), of any shape. A batch costs one
+    append; the batches wait, detached, and are folded when asked (and every 1024 batches): one stack per name.
+    Every batch reports the same names.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.folded: dict[str, torch.Tensor] = {}
+        self.samples = torch.zeros((), dtype=torch.float64, device=device)
+        self.waiting: list[tuple[int, dict, dict]] = []
+
+    def add(self, samples: int, means: dict, sums: dict) -> None:
+        self.waiting.append((samples, means, sums))
+        if len(self.waiting) == 1024:
+            self.fold()
+
+    def fold(self) -> dict[str, torch.Tensor]:
+        """{name: sum so far} (a mean times its batch's samples); `self.samples` the samples so far."""
+        if self.waiting:
+            counts = torch.tensor([batch[0] for batch in self.waiting], dtype=torch.float64, device=self.device)
+            for position, weighted in ((1, True), (2, False)):
+                for name in self.waiting[0][position]:
+                    values = stacked([batch[position][name] for batch in self.waiting], self.device)
+                    total = values @ counts if weighted else values.sum(0)
+                    self.folded[name] = self.folded.get(name, 0) + total
+            self.samples += counts.sum()
+            self.waiting = []
+        return self.folded
+
+    def layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        return [(name, tuple(value.shape)) for name, value in self.fold().items()]
+
+
+def stacked(values: list, device: torch.device) -> torch.Tensor:
+    """Reported values (tensors of one shape, or Python numbers) as one fp64 tensor on `device`."""
+    try:
+        together = torch.stack(values)  # the common case: tensors on one device
+    except (TypeError, RuntimeError):  # numbers, or tensors on the two devices of a split model
+        together = torch.stack([torch.as_tensor(value).to(device) for value in values])
+    return together.to(device, torch.float64)
+
+
+def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], float]]:
+    """Every rank's totals summed over all ranks in fp64, in one all-reduce: [({name: sum}, samples), ...].
+
+    The names and shapes come from every rank (a rank may have had no validation batch), so all ranks
+    pack the same vector; gloo cannot AVG reliably (nor bf16): sum fp64 here, divide later.
+    """
+    layouts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(layouts, [part.layout() for part in totals])
+    merged = [dict(kv for layout in layouts for kv in layout[index]) for index in range(len(totals))]
+    device = totals[0].device
+    pieces = []
+    for part, names in zip(totals, merged):
+        for name, shape in names.items():
+            value = part.folded.get(name)
+            pieces.append(value.reshape(-1) if value is not None else torch.zeros(math.prod(shape), device=device))
+        pieces.append(part.samples.reshape(1))
+    flat = torch.cat([piece.double() for piece in pieces])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    results, start = [], 0
+    for names in merged:
+        sums = {}
+        for name, shape in names.items():
+            size = math.prod(shape)
+            sums[name] = flat[start : start + size].reshape(shape).cpu()
+            start += size
+        results.append((sums, float(flat[start])))
+        start += 1
+    return results
+
+
+def validation_metrics(recipe, sums: dict[str, torch.Tensor], samples: float) -> dict[str, float]:
+    """Each scalar sum per sample (the loss, metric()'s count), then what the recipe's metrics(sums) computes."""
+    values = {name: float(total) / max(samples, 1) for name, total in sums.items() if total.dim() == 0}
+    if hasattr(recipe, "metrics"):  # from the global sums: exact for any world size and batch size
+        found = recipe.metrics({**sums, "samples": torch.tensor(samples, dtype=torch.float64)})
+        values.update({name: float(value) for name, value in found.items()})
+    return values
