@@ -2,23 +2,32 @@
 
 The template's working tree is committed and tagged v1 in a temporary repository; a realistic
 change (a launcher line, a new file, a new default) becomes v2. Projects are generated at v1
-and updated to v2 as a user would. Marked `update`: `nox -s update` runs these.
+and updated to v2 as a user would. One scenario starts instead from this repository's own commit
+FLAT_LAYOUT, the last one before the engine moved into src/<package>/engine/, and updates to the
+working tree. Marked `update`: `nox -s update` runs these.
 """
 
 from __future__ import annotations
 
+import csv
 import filecmp
+import io
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import copier
 import pytest
 
-from render import copy_template
+from render import TEMPLATE, copy_template
 
 pytestmark = pytest.mark.update
+
+# main before the engine moved into src/<package>/engine/ (issue 29): every src/<package>/*.py side by side.
+FLAT_LAYOUT = "2215963df7548cf63075abe3effae93b99995c47"
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -227,3 +236,99 @@ def test_recopy_restores_a_deleted_template_file(versions, tmp_path):
     fresh = tmp_path / "fresh"
     copier.run_copy(str(versions), str(fresh), defaults=True, vcs_ref="v1", quiet=True)
     assert filecmp.cmp(project / "scripts" / "train.ps1", fresh / "scripts" / "train.ps1", shallow=False)
+
+
+@pytest.fixture
+def flat_to_current(tmp_path) -> Path:
+    """A template repository whose v1 is this repository at FLAT_LAYOUT and whose v2 is the working tree.
+
+    v1 is read with `git archive`, so the tags live only in the temporary repository: a tag in this one would
+    change the version `copier copy` picks. CI's checkout has the history (fetch-depth: 0).
+    """
+    archive = subprocess.run(["git", "archive", "--format=tar", FLAT_LAYOUT], cwd=TEMPLATE, capture_output=True)
+    assert archive.returncode == 0, f"needs this repository's history with {FLAT_LAYOUT}: {archive.stderr!r}"
+    repo = tmp_path / "template-repo"
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as old:
+        old.extractall(repo, filter="data")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "flat layout")
+    git(repo, "tag", "v1")
+    for part in ("copier.yml", "template", "includes", "docs"):  # every path copier reads, as the tree has them now
+        shutil.rmtree(repo / part) if (repo / part).is_dir() else (repo / part).unlink()
+    copy_template(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "working tree", "--allow-empty")
+    git(repo, "tag", "v2")
+    return repo
+
+
+def test_a_flat_layout_project_updates_to_the_current_layout_and_trains(flat_to_current, tmp_path):
+    project = generate(flat_to_current, tmp_path / "project", "v1")
+    package = next((project / "src").glob("*/recipe.py")).parent
+    # The user's own recipe: the template's toy files edited in place, their imports (config, loaders) kept.
+    edits = {
+        "recipe.py": [
+            (
+                'torch.optim.SGD(model.parameters(), lr=config.settings["lr"], momentum=config.settings["momentum"])',
+                "torch.optim.AdamW(model.parameters(), lr=0.01)",
+            ),
+            ("functional.cross_entropy(outputs.float(), targets)", "functional.cross_entropy(outputs.float(), "
+             "targets, label_smoothing=0.1)"),
+        ],
+        "model.py": [("HIDDEN = 10\n", "HIDDEN = 24\n")],
+        "data.py": [("labels = (inputs @ teacher).argmax(dim=1)", "labels = torch.relu(inputs @ teacher).argmax(1)")],
+    }  # fmt: skip
+    config_edits = [("epochs = 5\n", "epochs = 2\n"), ("samples = 2048 ", "samples = 384 ")]
+    for name, changes in edits.items():
+        edit(package / name, changes)
+    edit(project / "configs" / "train.toml", config_edits)
+    git(project, "commit", "-qam", "my recipe and settings")
+    mine = {name: (package / name).read_bytes() for name in edits}
+
+    # What each version renders on its own, with the same answers.
+    old = tree(generate(flat_to_current, tmp_path / "old", "v1"))
+    new = tree(generate(flat_to_current, tmp_path / "new", "v2"))
+    removed = old.keys() - new.keys()
+    assert removed, "v1 and v2 render the same files: FLAT_LAYOUT no longer names the layout before engine/"
+
+    # As docs/updating.md says: from the project's folder, no --trust.
+    result = subprocess.run(
+        [sys.executable, "-m", "copier", "update", "--defaults"], cwd=project, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "_commit: v2\n" in (project / ".copier-answers.yml").read_text(encoding="utf-8")
+    for name, data in mine.items():
+        assert (package / name).read_bytes() == data, name
+    updated = tree(project)
+    assert sorted(removed & updated.keys()) == []  # the old layout's files the template no longer has are gone
+    assert updated.keys() == new.keys()  # and nothing else is left over or missing
+    users = {f"src/{package.name}/{name}" for name in edits} | {"configs/train.toml", ".copier-answers.yml"}
+    assert [name for name in new.keys() - users if updated[name] != new[name]] == []  # the template's files as v2
+    config = new["configs/train.toml"].decode("utf-8")
+    for before, after in config_edits:
+        assert before in config, f"v2's train.toml has no {before!r}: update this test's edit"
+        config = config.replace(before, after)
+    assert updated["configs/train.toml"].decode("utf-8") == config  # the user's edit kept, v2's changes arrived
+    assert find_conflicts(project).returncode == 0
+
+    # It trains, with the user's files and settings (2 epochs of 384 samples from configs/train.toml).
+    run = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", f"{package.name}.train", "--device", "cpu", "--backend", "gloo", "--precision", "no",
+         "--nproc-per-node", "2", "--no-progress", "--output-dir", str(run)],
+        cwd=project, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    with open(run / "metrics.csv", encoding="utf-8", newline="") as handle:
+        assert [row["epoch"] for row in csv.DictReader(handle)] == ["1", "2"]
+
+
+def edit(path: Path, changes: list[tuple[str, str]]) -> None:
+    """Apply each (old, new) replacement; each must match. Bytes in and out: line endings stay as rendered."""
+    text = path.read_bytes().decode("utf-8")
+    for before, after in changes:
+        assert before in text, f"{path.name} has no {before!r}"
+        text = text.replace(before, after)
+    path.write_bytes(text.encode("utf-8"))
