@@ -2,7 +2,6 @@
 there are too few CUDA GPUs. tests/test_devices.py checks the same rules on the CPU, as functions.
 """
 
-import os
 import subprocess
 import sys
 
@@ -11,12 +10,14 @@ import torch
 
 from conftest import (
     CONFIG,
+    DRILL,
     PACKAGE,
     RENDERED_BACKEND,
     ROOT,
     assert_ok,
     assert_same_parameters,
     checkpoints,
+    crashing,
     final_parameters,
     free_port,
     run_module,
@@ -25,7 +26,6 @@ from conftest import (
 )
 
 GPUS = torch.cuda.device_count()
-CRASH_BEFORE_STEP_20 = {**os.environ, "DDP_CRASH_RANK1_AT_STEP": "20"}
 AMPERE = GPUS > 0 and torch.cuda.get_device_capability(0) >= (8, 0)
 pytestmark = pytest.mark.gpu
 
@@ -73,7 +73,7 @@ def test_an_fp16_run_on_2_gpus_resumes_bitwise_equal_to_an_uninterrupted_one(tmp
     """Rank 1 dies before step 20; the restart resumes from step 16's checkpoint, GradScaler state included."""
     settings = on_gpus("--nproc-per-node", "2", "--precision", "fp16", "--deterministic")
     assert_ok(train(tmp_path / "whole", *settings))
-    crashed = train(tmp_path / "restarted", *settings, "--max-restarts", "1", env=CRASH_BEFORE_STEP_20)
+    crashed = train(tmp_path / "restarted", *settings, *DRILL, "--max-restarts", "1", env=crashing(20))
     assert_ok(crashed)
     assert "resumed from" in crashed.stdout and "step-00000016-" in crashed.stdout
     assert_same_parameters(tmp_path / "whole", tmp_path / "restarted")

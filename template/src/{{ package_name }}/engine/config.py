@@ -76,7 +76,7 @@ class Config:
         "micro-batches per optimizer step on each rank (gradient accumulation)", at_least(1)
     )
     seed: int = setting("seed of the weights, the data order and every rank's random streams")
-    num_workers: int = setting("DataLoader worker processes per rank (spawned on Windows)", at_least(0))
+    num_workers: int = setting("DataLoader worker processes per rank (spawned, started once per run)", at_least(0))
     checkpoint_every: int = setting("steps between checkpoints (0: at the end of each epoch)", at_least(0))
     keep_checkpoints: int = setting("how many of this run's newest checkpoints to keep", at_least(1))
     output_dir: str = setting("folder for checkpoints, logs, metrics.csv and model.pt")

@@ -18,12 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import multiprocessing
-import multiprocessing.connection
-import os
 import random
-import threading
-import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -244,29 +239,10 @@ class SampleSeeded(Dataset):
 
 
 def seed_worker(worker_id: int) -> None:
-    """DataLoader workers: python and numpy follow the worker's torch seed (set from the loader's generator).
-
-    A worker also ends with its rank. One from a fork server is the server's child, and the server lives
-    as long as any of its children: torch's check that the worker's parent is alive never fails, so a rank
-    that crashed or was killed would leave its workers running, holding the console's output open.
-    """
+    """DataLoader workers: python and numpy follow the worker's torch seed (set from the loader's generator)."""
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)
-    rank = multiprocessing.parent_process()  # the process that started the worker, whatever its OS parent
-    if rank is not None:
-        threading.Thread(target=_exit_when_gone, args=(rank.sentinel,), name="rank-watch", daemon=True).start()
-
-
-# How long a worker whose rank is gone may finish by itself: a rank's normal exit also ends its workers,
-# and ending one mid-way through multiprocessing's own exit leaves a semaphore the resource tracker reports.
-WORKER_EXIT_GRACE_S = 3.0
-
-
-def _exit_when_gone(sentinel) -> None:
-    multiprocessing.connection.wait([sentinel])
-    time.sleep(WORKER_EXIT_GRACE_S)
-    os._exit(1)
 
 
 def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, seed: int, rank: int, pin: bool, **more):
@@ -276,10 +252,8 @@ def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, s
         sampler=sampler,
         collate_fn=collate,
         num_workers=workers,
-        persistent_workers=workers > 0,
-        # Started as the ranks are: spawn on Windows, elsewhere from a fork server that prepares them exactly as
-        # spawned ones (a Dataset Windows cannot pickle fails on Linux too) and imports torch once per rank, not
-        # once per worker.
+        persistent_workers=workers > 0,  # started once per run, not once per epoch and validation
+        # Spawned, as the ranks are and as on Windows: a Dataset that Windows cannot pickle fails on Linux too.
         multiprocessing_context=process_context() if workers > 0 else None,
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed + rank),

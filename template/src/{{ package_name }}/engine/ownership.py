@@ -222,7 +222,7 @@ def private_temporary_folder() -> Iterator[Path]:
     saved_default = tempfile.tempdir
     os.environ.update(dict.fromkeys(saved, str(folder)))
     tempfile.tempdir = str(folder)
-    # multiprocessing's own folder for this process (the fork server's socket) is this one, not a pymp-* inside
+    # multiprocessing's own folder for this process (its sockets and temporary files) is this one, not a pymp-* inside
     # it: a pymp-* folder is deleted at the interpreter's exit, which would fail once this one is gone.
     mp_config = multiprocessing.current_process()._config
     saved_mp = mp_config.get("tempdir")

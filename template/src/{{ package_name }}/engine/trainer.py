@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, faults, records
+from . import checkpoint, records
 from .config import Config
 from .epochs import EpochRecords
 from .loaders import map_tensors, samples_in, to_device
@@ -52,7 +52,6 @@ class Trainer(Resumable, EpochRecords):
         self.epoch = self.step_in_epoch = self.global_step = 0
         self.run_id, self.best = "", None  # best: (value, epoch) of best_metric so far
         self.resumed = False  # marks the first epoch after a resume in metrics.csv (and the plot)
-        self.crash_at = faults.crash_step(info.rank)
         # The recipe's optional functions; without them, (inputs, targets) batches with loss and metric.
         self.custom_steps = hasattr(recipe, "training_step")  # a flag, not a bound method: no cycle keeps self alive
         self.validation_step = getattr(recipe, "validation_step", None)
@@ -96,8 +95,6 @@ class Trainer(Resumable, EpochRecords):
         training, validation = Totals(self.devices[-1]), Totals(self.devices[-1])
         started = time.perf_counter()
         for step in range(self.step_in_epoch, self.steps_per_epoch):
-            if self.global_step == self.crash_at:
-                faults.crash(self.global_step)
             self.run_step(batches, training)
             if self.global_step == 0:
                 self.log.debug(f"first optimizer step at {time.time():.6f}")
