@@ -15,6 +15,14 @@ class Batch(tuple):
     """A batch that a dataset's `__getitems__` already assembled, e.g. (inputs, targets); passed on as it is."""
 
 
-from .config import Config  # noqa: E402 - config.py reads PACKAGE
-
 __all__ = ["PACKAGE", "PROJECT_ROOT", "Batch", "Config"]
+
+
+def __getattr__(name: str):
+    """Config on first use, not at import: `python -m <package>.engine.config` (the launchers) runs config.py
+    as a script, which Python warns about when the package has imported it already."""
+    if name == "Config":
+        from .config import Config
+
+        return Config
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,6 +42,7 @@ from .process_group import (
 )
 from .stopping import INTERRUPTED, STOPPED, TERMINATED
 
+STOPPING_GRACE_S = 30  # how long ranks that stopped on request get to end before they are killed
 REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
 TRAIN_COMMAND = f"python -m {PACKAGE}.train"
 TRAINING = ("rank.run_rank",)  # the program every rank of a training run runs: module.function, then arguments
@@ -270,6 +271,9 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
     slot = min(ended, key=lambda slot: failures[slot]["time"] if failures[slot] else float("inf"))
     failure, code = failures[slot], ranks[slot].exitcode
     silent = _silent_ranks(beats, 3.0) if failure else {}  # a rank timed out waiting: was a peer frozen?
+    if code in (STOPPED, TERMINATED):  # every rank saved and is ending too: let each end as a program does
+        for rank in ranks:
+            rank.join(timeout=STOPPING_GRACE_S)
     _stop(ranks)
     if code in (STOPPED, TERMINATED):
         asked_by = "SIGUSR1" if code == STOPPED else signal.Signals(_stop_signal or signal.SIGTERM).name

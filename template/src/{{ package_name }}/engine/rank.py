@@ -275,6 +275,10 @@ def run_rank(config: Config, info: RankInfo) -> int:
         trainer.fit()
     except StopRequested as stop:
         log.info(str(stop))
+        # Saved and stopping: a second request, or srun ending the step once a peer has exited, must not cut
+        # this rank's own end short (srun would then report the signal, not the status that asks to requeue).
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
         return exit_status(stop)
     except Exception:
         log.exception("rank failed")
