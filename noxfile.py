@@ -57,7 +57,7 @@ TIERS = {
 FAST_TIER = "not slow"
 # Two pytest workers on 2 cores: the rendered suites wait on process starts, timeouts and kills as much
 # as they compute.
-WORKERS = ["-n", "2"]
+WORKERS = ["-n", "2", "--dist", "loadgroup"]  # loadgroup: tests marked xdist_group share their fixture's run
 
 # docs is not in the default run: tests/test_site.py builds the site (strict) and tests the HTML.
 # update, hosts and slurm run inside `tests` (one pytest run); their own sessions are for running them alone.
