@@ -63,7 +63,7 @@ def rank_process(program, args: list[str], env: dict, cwd: str, variables: dict,
     try:
         status = program.main(args)
     except SystemExit as leaving:
-        status = leaving.code if isinstance(leaving.code, int) else 1
+        status = 0 if leaving.code is None else leaving.code if isinstance(leaving.code, int) else 1
     except BaseException:
         traceback.print_exc()
         status = 1
