@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import itertools
 import random
+import sys
 from collections.abc import Mapping
 
 import numpy as np
@@ -104,9 +106,9 @@ class ResumableSampler(DistributedSampler):
     skip = 0
 
     def __iter__(self):
-        order = list(super().__iter__())
         skip, self.skip = self.skip, 0  # only the first epoch after a resume starts part-way
-        return iter([(self.epoch, index) for index in order[skip:]])
+        # Paired as the batches are drawn, in C: no Python step per sample at the epoch's start.
+        return zip(itertools.repeat(self.epoch), itertools.islice(super().__iter__(), skip, None))
 
     def __len__(self) -> int:
         return self.num_samples - self.skip
@@ -179,6 +181,42 @@ class NumpyStream:
 _numpy_stream = NumpyStream(None)  # one per process, for the generator numpy's global stream draws from
 
 
+class PythonStream:
+    """Python's global `random` stream saved and put back as one block of memory, as NumpyStream does numpy's.
+
+    getstate and setstate build and read a tuple of 625 ints (about 25 us the pair); the generator's C state
+    (its index, then its 624 words, right after the object header) is copied as 2500 bytes instead, and
+    gauss_next (its cached normal) as the attribute it is. The layout is checked against getstate once per
+    process; where it differs (another Python), save and restore are getstate and setstate.
+    """
+
+    SIZE = 4 + 624 * 4  # CPython's RandomObject: int index; uint32_t state[624]
+
+    def __init__(self, generator: random.Random) -> None:
+        self.generator, self.address = generator, None
+        c_part = random.Random.__bases__[0]  # _random.Random, whose C struct holds the state
+        if sys.implementation.name == "cpython" and c_part.__basicsize__ >= object.__basicsize__ + self.SIZE:
+            address = id(generator) + object.__basicsize__  # id() is the object's address in CPython
+            index, *words = (ctypes.c_uint32 * 625).from_address(address)
+            if (*words, index) == generator.getstate()[1]:
+                self.address = address
+
+    def save(self):
+        if self.address is None:
+            return self.generator.getstate()
+        return ctypes.string_at(self.address, self.SIZE), self.generator.gauss_next
+
+    def restore(self, saved) -> None:
+        if self.address is None:
+            self.generator.setstate(saved)
+            return
+        memory, self.generator.gauss_next = saved
+        ctypes.memmove(self.address, memory, self.SIZE)
+
+
+_python_stream = PythonStream(random._inst)  # the generator behind random.random(), random.seed() and the rest
+
+
 def numpy_stream() -> NumpyStream:
     global _numpy_stream
     get_bit_generator = getattr(np.random, "get_bit_generator", lambda: None)  # numpy >= 1.25
@@ -207,7 +245,8 @@ class SampleSeeded(Dataset):
     def seed_draws(self, epoch: int, index: int) -> None:
         seed = sample_seed(self.seed, epoch, index)
         torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds CUDA's streams too
-        np.random.seed((seed & 0xFFFFFFFF, seed >> 32))
+        # numpy from 32 bits of it (as PyTorch seeds numpy in its workers): seed(int) costs a sixth of seed(tuple).
+        np.random.seed((seed ^ (seed >> 32)) & 0xFFFFFFFF)
         random.seed(seed)
 
     def __getitem__(self, key):
@@ -217,13 +256,13 @@ class SampleSeeded(Dataset):
         if get_worker_info() is not None:
             return self.fetch(keys)
         stream = numpy_stream()
-        saved = torch.default_generator.get_state(), stream.save(), random.getstate()
+        saved = torch.default_generator.get_state(), stream.save(), _python_stream.save()
         try:
             return self.fetch(keys)
         finally:
             torch.default_generator.set_state(saved[0])
             stream.restore(saved[1])
-            random.setstate(saved[2])
+            _python_stream.restore(saved[2])
 
     def fetch(self, keys: list):
         # One sampler gives every key of a batch: (epoch, index) pairs in training, plain indices in validation.
