@@ -184,7 +184,7 @@ _numpy_stream = NumpyStream(None)  # one per process, for the generator numpy's 
 class PythonStream:
     """Python's global `random` stream saved and put back as one block of memory, as NumpyStream does numpy's.
 
-    getstate and setstate build and read a tuple of 625 ints (about 25 us the pair); the generator's C state
+    getstate and setstate build and read a tuple of 625 Python ints one by one; the generator's C state
     (its index, then its 624 words, right after the object header) is copied as 2500 bytes instead, and
     gauss_next (its cached normal) as the attribute it is. The layout is checked against getstate once per
     process; where it differs (another Python), save and restore are getstate and setstate.
@@ -245,7 +245,7 @@ class SampleSeeded(Dataset):
     def seed_draws(self, epoch: int, index: int) -> None:
         seed = sample_seed(self.seed, epoch, index)
         torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds CUDA's streams too
-        # numpy from 32 bits of it (as PyTorch seeds numpy in its workers): seed(int) costs a sixth of seed(tuple).
+        # numpy from 32 bits of it, as PyTorch seeds numpy in its workers: seed(int) skips seed(array)'s checks.
         np.random.seed((seed ^ (seed >> 32)) & 0xFFFFFFFF)
         random.seed(seed)
 
