@@ -22,11 +22,9 @@ import statistics
 import tempfile
 import time
 
+import same_work_ddp  # this folder: the script's own, first on sys.path
 import torch
 import torch.distributed as dist
-from torch.nn import functional
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 BATCH, SAMPLES = 32, 16384  # 512 steps an epoch
 
@@ -58,21 +56,11 @@ class Engine:
 
 
 class SameWork:
-    """same_work_ddp.py's objects and loop body, for one rank."""
+    """same_work_ddp.py's objects and step, for one rank."""
 
     def __init__(self, package: str, lr: float, momentum: float, seed: int) -> None:
-        data, loaders, model = (
-            importlib.import_module(f"{package}.{part}") for part in ("data", "engine.loaders", "model")
-        )
-        every = data.make_dataset(SAMPLES + SAMPLES // 4, seed)
-        training = Subset(every, range(SAMPLES))
-        self.sampler = DistributedSampler(training, num_replicas=1, rank=0, shuffle=True, seed=seed, drop_last=True)
-        self.loader = DataLoader(training, batch_size=BATCH, sampler=self.sampler, drop_last=True,
-                                 collate_fn=loaders.collate)  # fmt: skip
-        torch.manual_seed(seed)
-        self.model = DistributedDataParallel(model.build("ddp", (torch.device("cpu"),)))
-        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=momentum)
-        self.schedule = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=10**6)
+        made = same_work_ddp.build(package, 1, 0, BATCH, SAMPLES, seed, lr, momentum, epochs=2048)  # lr stays up
+        self.sampler, self.loader, *self.objects = made  # model, optimizer, schedule
         self.sums = torch.zeros(3, dtype=torch.float64)
 
     def start_epoch(self, epoch: int) -> None:
@@ -80,16 +68,7 @@ class SameWork:
         self.batches = iter(self.loader)
 
     def step(self) -> None:
-        inputs, targets = next(self.batches)
-        self.optimizer.zero_grad(set_to_none=True)
-        outputs = self.model(inputs)
-        loss = functional.cross_entropy(outputs.float(), targets)
-        loss.backward()
-        self.optimizer.step()
-        self.schedule.step()
-        self.sums[0] += loss.detach() * len(targets)
-        self.sums[1] += (outputs.detach().argmax(dim=1) == targets).sum()
-        self.sums[2] += len(targets)
+        same_work_ddp.step(*self.objects, self.sums, *next(self.batches))
 
 
 def main() -> None:

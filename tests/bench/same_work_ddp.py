@@ -24,36 +24,57 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 
+def build(package: str, ranks: int, rank: int, batch: int, samples: int, seed: int, lr: float, momentum: float,
+          epochs: int) -> tuple:  # fmt: skip
+    """(sampler, loader, model, optimizer, schedule) of one rank, as a hand-written DDP script makes them."""
+    project = {name: importlib.import_module(f"{package}.{name}") for name in ("data", "engine.loaders", "model")}
+    every = project["data"].make_dataset(samples + samples // 4, seed)
+    training = Subset(every, range(samples))
+    sampler = DistributedSampler(training, num_replicas=ranks, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    # The dataset's own batched fetch (__getitems__) needs the project's collate, which passes its batches on.
+    loader = DataLoader(training, batch_size=batch, sampler=sampler, drop_last=True,
+                        collate_fn=project["engine.loaders"].collate)  # fmt: skip
+    torch.manual_seed(seed)
+    model = DistributedDataParallel(project["model"].build("ddp", (torch.device("cpu"),)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(loader))
+    return sampler, loader, model, optimizer, schedule
+
+
+def step(model, optimizer, schedule, sums: torch.Tensor, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """One step of the work: forward, loss, backward, SGD, schedule; loss x samples, correct, samples into sums."""
+    optimizer.zero_grad(set_to_none=True)
+    outputs = model(inputs)
+    loss = functional.cross_entropy(outputs.float(), targets)
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+    sums[0] += loss.detach() * len(targets)
+    sums[1] += (outputs.detach().argmax(dim=1) == targets).sum()
+    sums[2] += len(targets)
+
+
 def worker(rank: int, args: argparse.Namespace) -> None:
-    project = {name: importlib.import_module(f"{args.package}.{name}") for name in ("data", "engine.loaders", "model")}
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))  # as the engine sets it
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
-    every = project["data"].make_dataset(args.samples + args.samples // 4, args.seed)
-    training = Subset(every, range(args.samples))
-    sampler = DistributedSampler(training, num_replicas=args.ranks, rank=rank, shuffle=True, seed=args.seed,
-                                 drop_last=True)  # fmt: skip
-    # The dataset's own batched fetch (__getitems__) needs the project's collate, which passes its batches on.
-    loader = DataLoader(training, batch_size=args.batch // args.ranks, sampler=sampler, drop_last=True,
-                        collate_fn=project["engine.loaders"].collate)  # fmt: skip
-    torch.manual_seed(args.seed)
-    model = DistributedDataParallel(project["model"].build("ddp", (torch.device("cpu"),)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(loader))
+    sampler, loader, model, optimizer, schedule = build(
+        args.package,
+        args.ranks,
+        rank,
+        args.batch // args.ranks,
+        args.samples,
+        args.seed,
+        args.lr,
+        args.momentum,
+        args.epochs,
+    )
     rates = []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         sums = torch.zeros(3, dtype=torch.float64)  # loss x samples, correct, samples
         started = time.perf_counter()
         for inputs, targets in loader:
-            optimizer.zero_grad(set_to_none=True)
-            outputs = model(inputs)
-            loss = functional.cross_entropy(outputs.float(), targets)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            sums[0] += loss.detach() * len(targets)
-            sums[1] += (outputs.detach().argmax(dim=1) == targets).sum()
-            sums[2] += len(targets)
+            step(model, optimizer, schedule, sums, inputs, targets)
         rates.append(len(loader) / (time.perf_counter() - started))
         dist.all_reduce(sums)
     if rank == 0:
