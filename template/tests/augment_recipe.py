@@ -1,7 +1,8 @@
 """A recipe whose Dataset augments at random in `__getitem__`, as torchvision transform pipelines do.
 
-Each sample draws from torch, numpy and Python's random, and the model has dropout: the draws in the
-data and the rank's own stream must both come out the same whatever num_workers is, and after a resume.
+Each sample draws from torch and numpy, every 64th also from Python's random (a rare augmentation, whose
+first draw comes in a later batch than the first), and the model has dropout: the draws in the data and the
+rank's own stream must both come out the same whatever num_workers is, and after a resume.
 Its settings come from [recipe] of the test's config: `samples` and `noise`.
 """
 
@@ -31,7 +32,7 @@ class Jittered(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         jitter = torch.randn(FEATURES) * self.noise  # torch's global generator
         jitter += torch.from_numpy(np.random.normal(0, self.noise, FEATURES)).float()
-        scale = random.uniform(0.9, 1.1)
+        scale = random.uniform(0.9, 1.1) if index % 64 == 0 else 1.0
         return (self.inputs[index] + jitter) * scale, int(self.labels[index])
 
 

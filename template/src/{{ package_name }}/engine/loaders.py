@@ -130,16 +130,56 @@ class EveryNth(Sampler):
 _BITS = 2**64 - 1
 
 
-def sample_seed(*numbers: int) -> int:
-    """A 64-bit seed that depends on every one of the numbers (splitmix64's mixing, one round per number)."""
-    mixed = 0x9E3779B97F4A7C15
+SEED_START = 0x9E3779B97F4A7C15
+
+
+def mixed_in(mixed: int, *numbers: int) -> int:
+    """`mixed` with each number mixed in, one round of splitmix64's mixing each."""
     for number in numbers:
         mixed = ((mixed ^ (number & _BITS)) * 0xBF58476D1CE4E5B9) & _BITS
         mixed = ((mixed ^ (mixed >> 31)) * 0x94D049BB133111EB) & _BITS
+    return mixed
+
+
+def sample_seed(*numbers: int, mixed: int = SEED_START) -> int:
+    """A 64-bit seed that depends on every one of the numbers; `mixed` may hold some already (from mixed_in)."""
+    mixed = mixed_in(mixed, *numbers)
     return mixed ^ (mixed >> 29)
 
 
-class NumpyStream:
+class Stream:
+    """One of the global random streams a dataset may draw from, seeded per sample or watched for draws.
+
+    `mark()` is a few numbers that every draw changes, read without copying the state (None where a draw
+    might not show in it); `save()` and `restore()` copy the whole state.
+    """
+
+    name = ""
+    kept = (None, None)  # (mark, saved): the last save, and the mark it was taken at
+
+    def saved_at(self, mark):
+        """`save()`, taken again only when the mark has moved since the last one: the rank's own state."""
+        if self.kept[0] != mark:
+            self.kept = mark, self.save()
+        return self.kept[1]
+
+
+class TorchStream(Stream):
+    """torch's default CPU generator, seeded for every sample: a dataset may read torch.initial_seed() too."""
+
+    name = "torch"
+
+    def seed(self, seed: int) -> None:
+        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds CUDA's streams too
+
+    def save(self):
+        return torch.default_generator.get_state()
+
+    def restore(self, saved) -> None:
+        torch.default_generator.set_state(saved)
+
+
+class NumpyStream(Stream):
     """numpy's global stream (MT19937 and its cached normal) saved and put back in microseconds.
 
     get_state and set_state copy the generator's 624 words one Python step at a time (about 70 us the pair);
@@ -147,24 +187,44 @@ class NumpyStream:
     also caches the second normal of each pair it draws, and only get_state reads that cache: one draw tells
     instead, as a cached normal is handed out without moving the generator. Where the generator is not an
     MT19937 laid out as checked here (another numpy), save and restore are get_state and set_state.
+
+    The mark is the position in the words and the first two words (the 624th draw from any point makes them
+    anew). A draw that takes a cached normal moves none of them, so the mark counts only while the stream is
+    known to cache none: `clean` is the mark of the last moment it cached none (just seeded, or put back
+    without one), and a normal is cached only by a draw, which moves the mark.
     """
 
+    name = "numpy"
     WORDS = 625  # mt19937_state: uint32 key[624], then int pos
 
     def __init__(self, bit_generator) -> None:
-        self.bit_generator, self.words = bit_generator, None  # held: the words below are its memory
+        self.bit_generator, self.words, self.clean = bit_generator, None, None  # held: the words are its memory
         if isinstance(bit_generator, np.random.MT19937):
             memory = (ctypes.c_uint32 * self.WORDS).from_address(bit_generator.ctypes.state_address)
             words, state = np.ctypeslib.as_array(memory), np.random.get_state()
             if np.array_equal(words[:624], state[1]) and int(words[624]) == state[2]:
-                self.words = words
+                self.memory, self.words = memory, words
+
+    def seed(self, seed: int) -> None:
+        # 32 bits of the seed, as PyTorch seeds numpy in its workers: seed(int) skips seed(array)'s checks.
+        np.random.seed((seed ^ (seed >> 32)) & 0xFFFFFFFF)
+        if self.words is not None:
+            self.clean = self.memory[624], self.memory[0], self.memory[1]
+
+    def mark(self):
+        if self.words is None:
+            return None
+        mark = self.memory[624], self.memory[0], self.memory[1]
+        return mark if mark == self.clean else None
 
     def save(self):
         if self.words is None:
             return np.random.get_state()
-        words = self.words.copy()
+        if self.mark() is not None:  # no cached normal to find out about
+            return self.words.tobytes(), None
+        words = self.words.tobytes()
         normal = np.random.standard_normal()
-        return words, normal if self.words.tobytes() == words.tobytes() else None
+        return words, normal if self.words.tobytes() == words else None
 
     def restore(self, saved) -> None:
         if self.words is None:
@@ -173,23 +233,28 @@ class NumpyStream:
         words, cached = saved
         if cached is None:
             np.random.seed(0)  # empties the normal cache, as it was; the words below replace the stream
-            self.words[:] = words
+            self.words[:] = np.frombuffer(words, dtype=np.uint32)
+            self.clean = self.memory[624], self.memory[0], self.memory[1]
         else:  # the stream held a cached normal: only set_state can put one back
+            words = np.frombuffer(words, dtype=np.uint32)
             np.random.set_state(("MT19937", words[:624], int(words[624]), 1, cached))
 
 
 _numpy_stream = NumpyStream(None)  # one per process, for the generator numpy's global stream draws from
 
 
-class PythonStream:
+class PythonStream(Stream):
     """Python's global `random` stream saved and put back as one block of memory, as NumpyStream does numpy's.
 
     getstate and setstate build and read a tuple of 625 Python ints one by one; the generator's C state
     (its index, then its 624 words, right after the object header) is copied as 2500 bytes instead, and
     gauss_next (its cached normal) as the attribute it is. The layout is checked against getstate once per
-    process; where it differs (another Python), save and restore are getstate and setstate.
+    process; where it differs (another Python), save and restore are getstate and setstate, and there is no
+    mark. The mark is the index, the first two words (the 624th draw from any point makes them anew) and
+    gauss_next.
     """
 
+    name = "python"
     SIZE = 4 + 624 * 4  # CPython's RandomObject: int index; uint32_t state[624]
 
     def __init__(self, generator: random.Random) -> None:
@@ -199,7 +264,15 @@ class PythonStream:
             address = id(generator) + object.__basicsize__  # id() is the object's address in CPython
             index, *words = (ctypes.c_uint32 * 625).from_address(address)
             if (*words, index) == generator.getstate()[1]:
-                self.address = address
+                self.address, self.memory = address, (ctypes.c_uint32 * 3).from_address(address)
+
+    def seed(self, seed: int) -> None:
+        self.generator.seed(seed)
+
+    def mark(self):
+        if self.address is None:
+            return None
+        return self.memory[0], self.memory[1], self.memory[2], self.generator.gauss_next
 
     def save(self):
         if self.address is None:
@@ -214,14 +287,15 @@ class PythonStream:
         ctypes.memmove(self.address, memory, self.SIZE)
 
 
+_torch_stream = TorchStream()
 _python_stream = PythonStream(random._inst)  # the generator behind random.random(), random.seed() and the rest
+_get_bit_generator = getattr(np.random, "get_bit_generator", lambda: None)  # numpy >= 1.25
 
 
 def numpy_stream() -> NumpyStream:
     global _numpy_stream
-    get_bit_generator = getattr(np.random, "get_bit_generator", lambda: None)  # numpy >= 1.25
-    if _numpy_stream.bit_generator is not get_bit_generator():  # the first call, or np.random.set_bit_generator
-        _numpy_stream = NumpyStream(get_bit_generator())
+    if _numpy_stream.bit_generator is not _get_bit_generator():  # the first call, or np.random.set_bit_generator
+        _numpy_stream = NumpyStream(_get_bit_generator())
     return _numpy_stream
 
 
@@ -233,55 +307,80 @@ class SampleSeeded(Dataset):
     A rank without workers gets its own streams back after each batch, so it keeps its dropout stream;
     a worker draws from them for the dataset alone, so it leaves them seeded. Only CPU generators are
     seeded: workers cannot use CUDA.
+
+    torch's stream is seeded for every sample. numpy's and Python's are seeded once the dataset is seen to
+    draw from them, as seeding and putting them back would cost a plain batch more than its fetch: until
+    then each is watched through its mark, and the first batch that moves one is fetched again, with that
+    stream put back as it was and seeded from then on. So in each process (a rank, or a worker) that batch
+    is fetched twice.
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset, self.seed = dataset, seed
         self.batched = callable(getattr(dataset, "__getitems__", None))
+        self.draws_from: set[str] = set()  # the names of the watched streams the dataset has drawn from
+        self.epoch_mixed = (None, 0)  # (epoch, the seed and epoch mixed): where each sample's seed starts
 
     def __len__(self) -> int:
         return len(self.dataset)
-
-    def seed_draws(self, epoch: int, index: int) -> None:
-        seed = sample_seed(self.seed, epoch, index)
-        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds CUDA's streams too
-        # numpy from 32 bits of it, as PyTorch seeds numpy in its workers: seed(int) skips seed(array)'s checks.
-        np.random.seed((seed ^ (seed >> 32)) & 0xFFFFFFFF)
-        random.seed(seed)
 
     def __getitem__(self, key):
         return self.__getitems__([key])[0]
 
     def __getitems__(self, keys: list):
-        if get_worker_info() is not None:
-            return self.fetch(keys)
-        stream = numpy_stream()
-        saved = torch.default_generator.get_state(), stream.save(), _python_stream.save()
-        try:
-            return self.fetch(keys)
-        finally:
-            torch.default_generator.set_state(saved[0])
-            stream.restore(saved[1])
-            _python_stream.restore(saved[2])
+        in_worker = get_worker_info() is not None
+        seeded, watched = [_torch_stream], []
+        for stream in (numpy_stream(), _python_stream):
+            mark = None if stream.name in self.draws_from else stream.mark()
+            if mark is None:
+                seeded.append(stream)
+            else:
+                watched.append((stream, mark, None if in_worker else stream.saved_at(mark)))
+        samples = self.fetch_seeded(keys, seeded, in_worker)
+        moved = [(stream, saved) for stream, mark, saved in watched if stream.mark() != mark]
+        if not moved:
+            return samples
+        for stream, saved in moved:  # drawn from unseeded: put back, and the batch again with all seeded
+            if saved is not None:
+                stream.restore(saved)
+            self.draws_from.add(stream.name)
+        return self.fetch_seeded(keys, [_torch_stream, numpy_stream(), _python_stream], in_worker)
 
-    def fetch(self, keys: list):
+    def fetch_seeded(self, keys: list, streams: list, in_worker: bool):
+        """The samples, with `streams` seeded for each; a rank without workers gets its own states back."""
+        outer = [] if in_worker else [(stream, stream.save()) for stream in streams]
+        try:
+            return self.fetch(keys, streams)
+        finally:
+            for stream, saved in outer:
+                stream.restore(saved)
+
+    def fetch(self, keys: list, streams: list):
         # One sampler gives every key of a batch: (epoch, index) pairs in training, plain indices in validation.
         epoch, indices = (keys[0][0], [index for _, index in keys]) if isinstance(keys[0], tuple) else (-1, keys)
+        if self.epoch_mixed[0] != epoch:
+            self.epoch_mixed = epoch, mixed_in(SEED_START, self.seed, epoch)
+        mixed = self.epoch_mixed[1]
         if self.batched:
-            self.seed_draws(epoch, indices[0])
+            seed_draws(streams, sample_seed(indices[0], mixed=mixed))
             return self.dataset.__getitems__(indices)
         samples = []
         for index in indices:
-            self.seed_draws(epoch, index)
+            seed_draws(streams, sample_seed(index, mixed=mixed))
             samples.append(self.dataset[index])
         return samples
+
+
+def seed_draws(streams: list, seed: int) -> None:
+    for stream in streams:
+        stream.seed(seed)
 
 
 def seed_worker(worker_id: int) -> None:
     """DataLoader workers: python and numpy follow the worker's torch seed (set from the loader's generator)."""
     seed = torch.initial_seed() % 2**32
-    random.seed(seed)
-    np.random.seed(seed)
+    _python_stream.seed(seed)
+    numpy_stream().seed(seed)
 
 
 def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, seed: int, rank: int, pin: bool, **more):
