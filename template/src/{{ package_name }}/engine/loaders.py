@@ -133,17 +133,17 @@ _BITS = 2**64 - 1
 SEED_START = 0x9E3779B97F4A7C15
 
 
-def mixed_in(mixed: int, *numbers: int) -> int:
-    """`mixed` with each number mixed in, one round of splitmix64's mixing each."""
+def mixed_in(mixed: int, number: int) -> int:
+    """`mixed` with the number mixed in: one round of splitmix64's mixing."""
+    mixed = ((mixed ^ (number & _BITS)) * 0xBF58476D1CE4E5B9) & _BITS
+    return ((mixed ^ (mixed >> 31)) * 0x94D049BB133111EB) & _BITS
+
+
+def sample_seed(*numbers: int) -> int:
+    """A 64-bit seed that depends on every one of the numbers, one round each."""
+    mixed = SEED_START
     for number in numbers:
-        mixed = ((mixed ^ (number & _BITS)) * 0xBF58476D1CE4E5B9) & _BITS
-        mixed = ((mixed ^ (mixed >> 31)) * 0x94D049BB133111EB) & _BITS
-    return mixed
-
-
-def sample_seed(*numbers: int, mixed: int = SEED_START) -> int:
-    """A 64-bit seed that depends on every one of the numbers; `mixed` may hold some already (from mixed_in)."""
-    mixed = mixed_in(mixed, *numbers)
+        mixed = mixed_in(mixed, number)
     return mixed ^ (mixed >> 29)
 
 
@@ -359,19 +359,21 @@ class SampleSeeded(Dataset):
         # One sampler gives every key of a batch: (epoch, index) pairs in training, plain indices in validation.
         epoch, indices = (keys[0][0], [index for _, index in keys]) if isinstance(keys[0], tuple) else (-1, keys)
         if self.epoch_mixed[0] != epoch:
-            self.epoch_mixed = epoch, mixed_in(SEED_START, self.seed, epoch)
-        mixed = self.epoch_mixed[1]
+            self.epoch_mixed = epoch, mixed_in(mixed_in(SEED_START, self.seed), epoch)
         if self.batched:
-            seed_draws(streams, sample_seed(indices[0], mixed=mixed))
+            seed_draws(streams, self.epoch_mixed[1], indices[0])
             return self.dataset.__getitems__(indices)
         samples = []
         for index in indices:
-            seed_draws(streams, sample_seed(index, mixed=mixed))
+            seed_draws(streams, self.epoch_mixed[1], index)
             samples.append(self.dataset[index])
         return samples
 
 
-def seed_draws(streams: list, seed: int) -> None:
+def seed_draws(streams: list, epoch_mixed: int, index: int) -> None:
+    """Seeds the streams with sample_seed(seed, epoch, index), from the seed and epoch mixed already."""
+    seed = mixed_in(epoch_mixed, index)
+    seed ^= seed >> 29  # sample_seed's last step
     for stream in streams:
         stream.seed(seed)
 
