@@ -7,9 +7,9 @@ writes, holding only tensors and plain Python values, so
 torch.load(path, weights_only=True) reads it. Its archive comment holds a
 CRC-32 of the whole archive, summed as the bytes stream to the file (in place
 of torch's CRC-32 of each record, which torch.load never checks) and checked
-on load in a second thread beside torch.load, so a flipped byte or a cut file
-is caught instead of trained on, for about what torch.save and torch.load
-cost alone. Each name carries the run's identity (step-00000016-<run id>.pt):
+on load in a second thread beside torch.load (see load), so a flipped byte or
+a cut file is caught instead of trained on, for about what torch.save and
+torch.load cost alone. Each name carries the run's identity (step-00000016-<run id>.pt):
 a run lists, resumes from and prunes only its own.
 """
 
@@ -22,9 +22,9 @@ import os
 import pickle
 import re
 import struct
+import threading
 import zipfile
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
 
@@ -124,35 +124,32 @@ def save_atomic(state: dict, path: Path) -> None:
     write_durably(path, lambda handle: _write_summed(state, handle))
 
 
-def checksum_mismatch(path: Path) -> str:
-    """What in `path` does not match its CRC-32s ("" when everything does).
+@contextlib.contextmanager
+def _mapped(path: Path, handle: BinaryIO):
+    """The open file as a read-only memoryview of its pages (nothing copied, no lock that torch.load needs)."""
+    try:
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    except ValueError:  # an empty file cannot be mapped
+        raise CheckpointError(f"checkpoint {path} is damaged (the file is empty)") from None
+    with mapped, memoryview(mapped) as view:
+        yield view
 
-    A file with the archive comment is summed in one call over the mapped file, which holds no lock that
-    torch.load needs; an earlier version's file is checked record by record against torch.save's own CRC-32s.
+
+def _records_mismatch(handle: BinaryIO, view: memoryview) -> str:
+    """What in a file without the archive comment does not match the CRC-32s torch.save keeps per record.
+
     Raises zipfile.BadZipFile, ValueError or struct.error for a file that is not a whole archive.
     """
-    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        with memoryview(mapped) as view:
-            trailer = _TRAILER.search(view[-_TRAILER_SIZE:].tobytes())
-            if trailer:
-                summed_end = len(view) - _TRAILER_SIZE - len(_NO_COMMENT)
-                with view[:summed_end] as archive:
-                    crc = zlib.crc32(_NO_COMMENT, zlib.crc32(archive))
-                return "" if crc == int(trailer.group(1), 16) else "their CRC-32 checksum"
-            signature, comment_length = _END_OF_ARCHIVE.unpack(view[-_END_OF_ARCHIVE.size :])
-            if signature != b"PK\x05\x06" or comment_length != 0:
-                return "the end of a torch.save archive (the file is cut short)"
-            return _records_mismatch(handle, mapped, view)
-
-
-def _records_mismatch(handle: BinaryIO, mapped: mmap.mmap, view: memoryview) -> str:
+    signature, comment_length = _END_OF_ARCHIVE.unpack(view[-_END_OF_ARCHIVE.size :])
+    if signature != b"PK\x05\x06" or comment_length != 0:
+        return "the end of a torch.save archive (the file is cut short)"
     with zipfile.ZipFile(handle) as archive:
         records = archive.infolist()
     if all(record.CRC == 0 for record in records):
         return ""  # saved with torch's CRC-32s off and no archive comment: nothing to check against
     damaged = []
     for record in records:
-        signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(mapped, record.header_offset)
+        signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(view, record.header_offset)
         start = record.header_offset + _LOCAL_HEADER.size + name_length + extra_length
         with view[start : start + record.compress_size] as data:
             if signature != b"PK\x03\x04" or len(data) != record.compress_size or zlib.crc32(data) != record.CRC:
@@ -189,25 +186,40 @@ def prune(output_dir: str | Path, run_id: str, keep: int) -> None:
 
 
 def load(path: Path, training_state: bool = True) -> dict:
-    """A checkpoint's contents after its CRC-32s are checked (in a second thread, beside torch.load);
-    training_state=False also takes best.pt and model.pt (weights only)."""
-    with ThreadPoolExecutor(1) as pool:
-        checked = pool.submit(checksum_mismatch, path)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise CheckpointError(f"checkpoint not found: {path}") from None
-        except Exception as error:  # torch raises several types for damaged files
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            if isinstance(error, pickle.UnpicklingError):  # torch's advice to load with weights_only=False runs
-                first_line = "not a torch.save file of tensors and plain values"  # any code in the file: never here
-            raise CheckpointError(
-                f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
-            ) from None
-        try:
-            mismatch = checked.result()
-        except (OSError, ValueError, struct.error, zipfile.BadZipFile) as error:
-            raise CheckpointError(f"checkpoint {path} is damaged ({type(error).__name__}: {error})") from None
+    """A checkpoint's contents after its CRC-32s are checked; training_state=False also takes best.pt and
+    model.pt (weights only).
+
+    The archive's CRC-32 is summed in a second thread while torch.load reads the file. That thread runs
+    nothing but zlib's sum over the mapped file, which lets go of the GIL for all of it; everything else
+    about the check happens here, before and after, so neither of the two waits for the other's Python.
+    """
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint not found: {path}") from None
+    except OSError as error:  # a folder, a file without read permission
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(error).__name__}: {error})") from None
+    try:
+        with handle, _mapped(path, handle) as view:
+            trailer = _TRAILER.search(view[-_TRAILER_SIZE:].tobytes())
+            summed_end = max(0, len(view) - _TRAILER_SIZE - len(_NO_COMMENT))
+            with view[:summed_end] as archive:
+                sums: list[int] = []
+                summing = threading.Thread(target=lambda: sums.append(zlib.crc32(archive)))
+                if trailer:
+                    summing.start()
+                try:
+                    state = _torch_load(path)
+                finally:  # the archive's view is released only once the sum is done with it
+                    if trailer:
+                        summing.join()
+            if trailer:
+                summed = zlib.crc32(_NO_COMMENT, sums[0])
+                mismatch = "" if summed == int(trailer.group(1), 16) else "their CRC-32 checksum"
+            else:  # an earlier version's file
+                mismatch = _records_mismatch(handle, view)
+    except (OSError, ValueError, struct.error, zipfile.BadZipFile) as error:
+        raise CheckpointError(f"checkpoint {path} is damaged ({type(error).__name__}: {error})") from None
     if mismatch:
         raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match {mismatch})")
     if not isinstance(state, dict) or "model" not in state or (training_state and "global_step" not in state):
@@ -215,6 +227,18 @@ def load(path: Path, training_state: bool = True) -> dict:
         raise CheckpointError(f"checkpoint {path} does not hold {what}")
     state.pop(EARLIER_CHECKSUM, None)
     return state
+
+
+def _torch_load(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for damaged files
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        if isinstance(error, pickle.UnpicklingError):  # torch's advice to load with weights_only=False runs
+            first_line = "not a torch.save file of tensors and plain values"  # any code in the file: never here
+        raise CheckpointError(
+            f"checkpoint {path} is damaged or not a checkpoint ({type(error).__name__}: {first_line})"
+        ) from None
 
 
 def saved_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
