@@ -183,6 +183,7 @@ def pip_resolves(requirements: Path, env: dict, report: Path) -> subprocess.Comp
     )  # fmt: skip
 
 
+@pytest.mark.xdist_group("wheel_index")  # one worker: the torch wheel is fetched and served once
 @pytest.mark.parametrize("name", MIRRORS)
 def test_pip_installs_exactly_the_pinned_build_through_each_mirror(tmp_path, wheel_index, name):
     expected = MIRRORS[name]
@@ -207,6 +208,7 @@ def test_pip_installs_exactly_the_pinned_build_through_each_mirror(tmp_path, whe
     assert any(request.rstrip("/").startswith(path) for request in wheel_index.requests), wheel_index.requests
 
 
+@pytest.mark.xdist_group("wheel_index")
 def test_a_flat_mirror_given_to_pip_as_an_index_finds_no_torch(tmp_path, wheel_index):
     """Why the layout answer exists: Aliyun's flat page has no <project>/ pages under it."""
     requirements = tmp_path / "requirements.txt"
