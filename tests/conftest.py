@@ -17,15 +17,14 @@ HERE = Path(__file__).resolve().parent
 
 
 # xdist hands tests out in collection order, a couple at a time per worker: the longest go first, so that
-# none of them starts last while the other workers sit idle. Seconds each took in one run: the two-host group
-# 72, the Slurm group 59, the getting-started test 58, the update scenarios 46, the Wine launchers 60.
+# none of them starts last while the other workers sit idle (`nox -s tests -- --durations=20` lists them).
 LONGEST_FIRST = (
     "tests/test_hosts.py",
     "tests/test_slurm.py",
     "tests/test_site.py::test_the_linux_path_of_getting_started_runs_as_pasted",
     "tests/test_update.py",
     "tests/test_launchers.py",
-    "tests/test_setup_env.py",  # installs torch into a fresh .venv and trains in it: about 30 s
+    "tests/test_setup_env.py",  # installs torch into a fresh .venv and trains in it
     "tests/test_quickstart.py",
 )
 
