@@ -57,6 +57,7 @@ class Trainer(Resumable, EpochRecords):
         self.validation_step = getattr(recipe, "validation_step", None)
         self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         self.grad_norms: list[torch.Tensor] = []  # this epoch's, before clipping (max_grad_norm > 0)
+        self.stop_vote = None  # (work, flag): the last mid-epoch stop check's all-reduce, still in flight
 
     def fit(self) -> None:
         self.resume()
@@ -105,7 +106,7 @@ class Trainer(Resumable, EpochRecords):
                 break  # the epoch's end saves and checks for a stop: a checkpoint never ends an epoch half-done
             if self.config.checkpoint_every and self.global_step % self.config.checkpoint_every == 0:
                 self.save_mid_epoch(training)
-            if self.global_step % STOP_CHECK_EVERY == 0 and (stop := self.stop_agreed()):
+            if self.global_step % STOP_CHECK_EVERY == 0 and (stop := self.stop_voted()):
                 self.save_mid_epoch(training)
                 raise StopRequested(self.stopped_at(stop), stop)
         seconds = time.perf_counter() - started
@@ -206,8 +207,28 @@ class Trainer(Resumable, EpochRecords):
         self.stop_if_not_finite(so_far.item())
         self.save()
 
+    def stop_voted(self) -> int:
+        """The stop signal any rank had got by the previous check (0: none); this check's vote goes out.
+
+        The vote is an all-reduce left in flight until the next check, so no step waits for it; every rank
+        reads the same result at the same step, so all still stop together, at most two checks after the signal.
+        """
+        stop = self.settled_vote()
+        if not stop:
+            flag = torch.tensor([float(received())], device=self.devices[-1])
+            self.stop_vote = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag
+        return stop
+
+    def settled_vote(self) -> int:
+        if self.stop_vote is None:
+            return 0
+        (work, flag), self.stop_vote = self.stop_vote, None
+        work.wait()
+        return int(flag.item())
+
     def stop_agreed(self) -> int:
-        """The stop signal any rank got (0: none): all ranks must stop at the same step (one tiny all-reduce)."""
+        """The stop signal any rank got (0: none), agreed now: one tiny all-reduce, waited for (an epoch's end)."""
+        self.settled_vote()  # a signal it counted, received() still returns
         flag = torch.tensor([float(received())], device=self.devices[-1])
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
