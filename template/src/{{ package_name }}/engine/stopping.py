@@ -2,8 +2,9 @@
 
 A STOP_SIGNALS signal asks for a clean stop: Slurm's SIGUSR1 before a time limit or a preemption
 (--signal=USR1@90), SIGTERM from docker stop, Kubernetes or a process manager, Ctrl+Break in a Windows
-console (SIGBREAK, which every process there gets). The ranks vote every STOP_CHECK_EVERY steps (read at
-the next vote, so no step waits for it) and agree at each epoch's end (trainer.py), save a checkpoint and exit with STOPPED (SIGUSR1) or TERMINATED (the others).
+console (SIGBREAK, which every process there gets). The ranks vote every STOP_CHECK_EVERY steps (each
+vote read at the next, so no step waits for it) and agree at each epoch's end (trainer.py), save a
+checkpoint and exit with STOPPED (SIGUSR1) or TERMINATED (the others).
 """
 
 from __future__ import annotations
