@@ -55,9 +55,10 @@ TIERS = {
     "linux-torchrun": "not slow or torchrun",  # the fast tier plus every torchrun scenario
 }
 FAST_TIER = "not slow"
-# Two pytest workers on 2 cores: the rendered suites wait on process starts, timeouts and kills as much
-# as they compute.
-WORKERS = ["-n", "2", "--dist", "loadgroup"]  # loadgroup: tests marked xdist_group share their fixture's run
+# pytest workers on 2 cores: the rendered suites wait on process starts, timeouts and kills as much as they
+# compute; a fast tier alone waits more than it computes, so it takes a third.
+WORKERS = {FAST_TIER: "3"}  # and 2 for a tier with long scenarios
+GROUPS = ["--dist", "loadgroup"]  # loadgroup: tests marked xdist_group share their fixture's run
 
 # docs is not in the default run: tests/test_site.py builds the site (strict) and tests the HTML.
 # update, hosts and slurm run inside `tests` (one pytest run); their own sessions are for running them alone.
@@ -178,7 +179,8 @@ def render_and_test(session: nox.Session, answer_set: str) -> None:
     env.run("-m", "ruff", "format", "--no-respect-gitignore", "--check", ".")
     install_project(env, project)
     tier = TIERS.get(answer_set, FAST_TIER)
-    env.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", tier, *WORKERS, *session.posargs)
+    workers = ["-n", WORKERS.get(tier, "2"), *GROUPS]
+    env.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", tier, *workers, *session.posargs)
 
 
 @nox.session
