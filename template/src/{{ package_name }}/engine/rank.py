@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from . import PACKAGE, checkpoint, loaders, records, state
@@ -241,6 +242,7 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
                 "metrics": {f"{split}_{name}": value for name, value in values.items()},
             }
             write_text_durably(Path(result_path), json.dumps(result, indent=2))
+        dist.barrier()  # as at training's end: no rank tears gloo down while a peer is still in it (SIGABRT)
     finally:
         cleanup()
     return 0
