@@ -127,6 +127,10 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: 
     """
     global _heartbeat
     _heartbeat = (beats, local_rank)
+    if not WINDOWS:
+        # A process group of its own, as torchrun gives each rank, so that the launcher can end the rank with its
+        # DataLoader workers (_stop); a rank that crashed leaves its workers behind to be ended too.
+        os.setpgid(0, 0)
     info = RankInfo(
         rank=config.node_rank * config.nproc_per_node + local_rank,
         local_rank=local_rank,
@@ -322,10 +326,16 @@ def _describe(silent: dict[int, float]) -> str:
 
 
 def _stop(processes: list) -> None:
-    """Kill every rank still alive. Not SIGTERM: a rank takes that as a request to save and stop, which a job
-    ending on a failure or Ctrl+C has no peers left for (and a frozen rank cannot handle at all)."""
+    """Kill every rank still alive, and on POSIX every process a rank started (its process group: DataLoader
+    workers, which would otherwise outlive the job for seconds and print into its console). Not SIGTERM: a
+    rank takes that as a request to save and stop, which a job ending on a failure or Ctrl+C has no peers
+    left for (and a frozen rank cannot handle at all). Windows has no process groups; a DataLoader worker
+    there ends by itself within 5 seconds of its rank (torch's own watchdog)."""
     started = [process for process in processes if process.pid is not None]
     for process in started:
+        if not WINDOWS:
+            with contextlib.suppress(ProcessLookupError, PermissionError):  # no such group: ended, or not made yet
+                os.killpg(process.pid, signal.SIGKILL)
         if process.is_alive():
             process.kill()
     for process in started:
