@@ -21,6 +21,7 @@ import nox
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tests"))
+from edited_config import edit_every_setting  # noqa: E402
 from render import ANSWER_SETS  # noqa: E402
 
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
@@ -55,6 +56,10 @@ TIERS = {
     "linux-torchrun": "not slow or torchrun",  # the fast tier plus every torchrun scenario
 }
 FAST_TIER = "not slow"
+# configs/train.toml says "Edit freely", and the project's tests read their own copy of the generated settings:
+# the set that runs both tiers runs them with every value of its configs/train.toml changed to another valid one
+# (tests/edited_config.py), so a test that read the user's file would fail here.
+EDITED_ANSWER_SET = "windows-cpu-default"
 # pytest workers on 2 cores: the rendered suites wait on process starts, timeouts and kills as much as they
 # compute; a fast tier alone waits more than it computes, so it takes a third.
 WORKERS = {FAST_TIER: "3"}  # and 2 for a tier with long scenarios
@@ -170,9 +175,12 @@ def slurm(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 @nox.parametrize("answer_set", list(ANSWER_SETS), ids=list(ANSWER_SETS))
 def render_and_test(session: nox.Session, answer_set: str) -> None:
-    """Render one named answer set, lint it, install it, and run its own test suite (see TIERS)."""
+    """Render one named answer set, lint it, install it, and run its own test suite (see TIERS and
+    EDITED_ANSWER_SET)."""
     env = torch_env(session)
     project = render_answer_set(env, answer_set, ROOT / ".nox" / "renders" / answer_set)
+    if answer_set == EDITED_ANSWER_SET:
+        session.log(f"every value of configs/train.toml edited: {edit_every_setting(project)}")
     session.chdir(project)
     # The render sits under .nox/, which this repository's .gitignore hides from ruff by default.
     env.run("-m", "ruff", "check", "--no-respect-gitignore", ".")
