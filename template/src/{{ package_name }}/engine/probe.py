@@ -38,20 +38,26 @@ def probe_rank(config: Config, info) -> int:
     init_process_group(config, info)
     found: dict = {"rank": info.rank, "devices": [str(device) for device in devices]}
     try:
-        trainer = None
-        for name, part in (("collective", _collective), ("step", _step), ("bare", _bare_loop)):
-            try:
-                if name != "collective" and trainer is None:
-                    trainer = build_trainer(config, info, logging.getLogger(f"{PACKAGE}.smoke"))
-                found[name] = part(config, info, devices, trainer)
-            except Exception as error:  # noqa: BLE001 - reported as that part's FAIL, with its message
-                found[name] = {"error": first_line(error)}
+        found.update(parts(config, info, devices))
     finally:
         folder = Path(config.output_dir) / PROBE
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"rank{info.rank}.json").write_text(json.dumps(found), encoding="utf-8")
         cleanup()
     return 0
+
+
+def parts(config: Config, info, devices) -> dict:
+    """Each part's outcome by name. The trainer lives in here only: see cleanup()."""
+    found, trainer = {}, None
+    for name, part in (("collective", _collective), ("step", _step), ("bare", _bare_loop)):
+        try:
+            if name != "collective" and trainer is None:
+                trainer = build_trainer(config, info, logging.getLogger(f"{PACKAGE}.smoke"))
+            found[name] = part(config, info, devices, trainer)
+        except Exception as error:  # noqa: BLE001 - reported as that part's FAIL, with its message
+            found[name] = {"error": first_line(error)}
+    return found
 
 
 def _collective(config: Config, info, devices, trainer) -> dict:

@@ -286,7 +286,13 @@ def init_process_group(config: Config, info: RankInfo) -> str:
 
     Returns where gloo listens, for the log.
     """
+    import torch._dynamo  # noqa: F401 - before the group: see below
     import torch.distributed as dist
+
+    # DDP's constructor imports torch._dynamo, and that import holds on to every process group that exists
+    # then: such a group outlives destroy_process_group, its gloo threads still run as the interpreter exits,
+    # and now and then the rank's exit aborts (SIGABRT, "terminate called without an active exception").
+    # Imported first, the group is freed with the last reference to it, and its threads are joined.
 
     store_file = os.environ.get(STORE_FILE_VARIABLE)
     address = store_file or f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
@@ -322,6 +328,8 @@ def init_process_group(config: Config, info: RankInfo) -> str:
 
 
 def cleanup() -> None:
+    """Leave the process group, once the trainer is gone: its DDP model holds the group, and a group that
+    outlives the rank's own code still runs its gloo threads as the interpreter exits (init_process_group)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

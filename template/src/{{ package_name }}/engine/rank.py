@@ -201,6 +201,19 @@ def has_no_samples(dataset) -> bool:
         return False
 
 
+def score(config: Config, info: RankInfo, weights: dict, checkpoint_path: str, split: str) -> dict:
+    """The weights' validation sums and metrics on `split`. The trainer lives in here only: see cleanup()."""
+    trainer = build_trainer(config, info, logging.getLogger(f"{PACKAGE}.evaluate"), split)
+    try:
+        trainer.model.module.load_state_dict(weights)
+    except RuntimeError as error:
+        raise LaunchError(
+            f"{checkpoint_path} does not fit the recipe's model ({str(error).strip().splitlines()[-1].strip()}); "
+            "evaluate it with the recipe and settings it was trained with"
+        ) from None
+    return trainer.evaluate()
+
+
 def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: str, result_path: str) -> int:
     """One rank of `python -m <package>.evaluate`: the checkpoint's weights scored on this rank's share of `split`.
 
@@ -221,17 +234,8 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
     if config.device == "cuda":
         torch.cuda.set_device(devices_for(config, info.local_rank)[0])
     init_process_group(config, info)
-    log = logging.getLogger(f"{PACKAGE}.evaluate")
     try:
-        trainer = build_trainer(config, info, log, split)
-        try:
-            trainer.model.module.load_state_dict(weights)
-        except RuntimeError as error:
-            raise LaunchError(
-                f"{checkpoint_path} does not fit the recipe's model ({str(error).strip().splitlines()[-1].strip()}); "
-                "evaluate it with the recipe and settings it was trained with"
-            ) from None
-        values = trainer.evaluate()
+        values = score(config, info, weights, checkpoint_path, split)
         if info.rank == 0:
             samples = int(values.pop("samples"))
             result = {
@@ -242,7 +246,7 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
                 "metrics": {f"{split}_{name}": value for name, value in values.items()},
             }
             write_text_durably(Path(result_path), json.dumps(result, indent=2))
-        dist.barrier()  # as at training's end: no rank tears gloo down while a peer is still in it (SIGABRT)
+        dist.barrier()  # as at training's end: every rank is done with the group before one tears it down
     finally:
         cleanup()
     return 0
@@ -272,8 +276,19 @@ def run_rank(config: Config, info: RankInfo) -> int:
             f"started by {info.started_by}, pid {os.getpid()})"
         )
         log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
-        trainer = build_trainer(config, info, log)
-        listen_for_stop_requests()
+        return train(config, info, log)
+    except Exception:
+        log.exception("rank failed")
+        raise
+    finally:
+        cleanup()
+
+
+def train(config: Config, info: RankInfo, log) -> int:
+    """Build the trainer and fit; the exit status. The trainer lives in here only: see cleanup()."""
+    trainer = build_trainer(config, info, log)
+    listen_for_stop_requests()
+    try:
         trainer.fit()
     except StopRequested as stop:
         log.info(str(stop))
@@ -282,9 +297,4 @@ def run_rank(config: Config, info: RankInfo) -> int:
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         return exit_status(stop)
-    except Exception:
-        log.exception("rank failed")
-        raise
-    finally:
-        cleanup()
     return 0
