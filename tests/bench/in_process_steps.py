@@ -1,23 +1,28 @@
-"""The engine's training steps against the same-work loop body in one process: what the engine adds per step.
+"""The engine's training steps against the same-work loop body in the same ranks: what the engine adds per step.
 
-    python tests/bench/in_process_steps.py --package PACKAGE [--epochs 4]
+    python tests/bench/in_process_steps.py --package PACKAGE [--epochs 4] [--ranks 1]
 
-One gloo rank (world size 1) in this process, 1 thread, batches of 32 (a rank's share of bench.py's global
-batch of 64). The rendered project's Trainer, built by engine.rank.build_trainer from its default recipe,
-runs `run_step` over its own training loader (ResumableSampler, SampleSeeded); the loop body of
-same_work_ddp.py (DataLoader + DistributedSampler, DDP, SGD with momentum, the cosine schedule, the loss and
-correct predictions summed) runs on the same data and model. The two take turns step by step, each step
-timed, so that a slow second of a shared machine hits both alike, which 2-rank runs of their own cannot
-arrange; the first epoch warms up. Prints JSON: the median microseconds of a step of each and their ratio
-(same-work / engine: 1.0 means the engine adds nothing to a step), and that ratio for each epoch.
+`--ranks` gloo ranks (1: this process; more are spawned), 1 thread each, batches of 32 per rank (a rank's
+share of bench.py's global batch of 64). In every rank the rendered project's Trainer, built by
+engine.rank.build_trainer from its default recipe, runs `run_step` over its own training loader
+(ResumableSampler, SampleSeeded), and the loop body of same_work_ddp.py (DataLoader + DistributedSampler,
+DDP, SGD with momentum, the cosine schedule, the loss and correct predictions summed) runs on the same data
+and model. The two, and a second copy of the loop, take turns of TURN steps, each step timed and each
+all-reducing its gradients over the same process group, so that a slow second of a shared machine hits all
+alike, which runs of their own cannot arrange; the first epoch warms up. Rank 0 prints JSON: the median
+microseconds of a step of each, and the ratio same-work / engine (1.0: the engine adds nothing to a step)
+beside same-work / its second copy (what the measurement reads for no difference at all), overall and for
+each epoch.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import logging
+import os
 import statistics
 import tempfile
 import time
@@ -25,26 +30,30 @@ import time
 import same_work_ddp  # this folder: the script's own, first on sys.path
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-BATCH, SAMPLES = 32, 16384  # 512 steps an epoch
+BATCH, SAMPLES = 32, 16384  # per rank: 512 steps an epoch
+# Steps a run takes in a row before the next run's turn: a run's own code and data stay in the caches, as in a
+# run of its own; turns of 1 step would time each run with caches the other runs just filled.
+TURN = 16
 
 
 class Engine:
     """The rendered project's Trainer over its own training loader, one run_step at a time."""
 
-    def __init__(self, package: str, output: str) -> None:
+    def __init__(self, package: str, output: str, rank: int, ranks: int) -> None:
         engine = importlib.import_module(f"{package}.engine")
-        config_module, rank, totals, process_group = (
+        config_module, rank_module, totals, process_group = (
             importlib.import_module(f"{package}.engine.{part}")
             for part in ("config", "rank", "totals", "process_group")
         )
         self.config = config_module.from_command_line(
             ["--config", str(engine.PROJECT_ROOT / "configs" / "train.toml"), "--output-dir", output,
-             "--resume", "none", "--nproc-per-node", "1", "--global-batch-size", str(BATCH),
-             "--samples", str(SAMPLES)], "bench",
+             "--resume", "none", "--nproc-per-node", str(ranks), "--global-batch-size", str(BATCH * ranks),
+             "--samples", str(SAMPLES * ranks)], "bench",
         )  # fmt: skip
-        info = process_group.RankInfo(0, 0, 1, "bench")
-        self.trainer = rank.build_trainer(self.config, info, logging.getLogger("bench"))
+        info = process_group.RankInfo(rank, rank, ranks, "bench")
+        self.trainer = rank_module.build_trainer(self.config, info, logging.getLogger("bench"))
         self.totals = totals.Totals(torch.device("cpu"))
 
     def start_epoch(self, epoch: int) -> None:
@@ -58,8 +67,8 @@ class Engine:
 class SameWork:
     """same_work_ddp.py's objects and step, for one rank."""
 
-    def __init__(self, package: str, lr: float, momentum: float, seed: int) -> None:
-        made = same_work_ddp.build(package, 1, 0, BATCH, SAMPLES, seed, lr, momentum, epochs=2048)  # lr stays up
+    def __init__(self, package: str, rank: int, ranks: int, lr: float, momentum: float, seed: int) -> None:
+        made = same_work_ddp.build(package, ranks, rank, BATCH, SAMPLES * ranks, seed, lr, momentum, epochs=2048)
         self.sampler, self.loader, *self.objects = made  # model, optimizer, schedule
         self.sums = torch.zeros(3, dtype=torch.float64)
 
@@ -71,38 +80,54 @@ class SameWork:
         same_work_ddp.step(*self.objects, self.sums, *next(self.batches))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--package", required=True, help="the rendered project's package (installed)")
-    parser.add_argument("--epochs", type=int, default=4)
-    args = parser.parse_args()
+def rank_main(rank: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # as each of 2 ranks on 2 cores
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     with tempfile.TemporaryDirectory() as output:
-        ours = Engine(args.package, output)
-        settings = ours.config.settings
-        runs = {
-            "engine": ours,
-            "same work": SameWork(args.package, settings["lr"], settings["momentum"], ours.config.seed),
-        }
+        ours = Engine(args.package, output, rank, args.ranks)
+        loop = functools.partial(SameWork, args.package, rank, args.ranks, ours.config.settings["lr"],
+                                 ours.config.settings["momentum"], ours.config.seed)  # fmt: skip
+        # A second copy of the loop reads what this measurement gives for two runs with no difference.
+        runs = {"engine": ours, "same work": loop(), "same work again": loop()}
         steps = len(ours.trainer.train_data)
         timings: list[dict[str, list[float]]] = []
         for epoch in range(args.epochs):
             for run in runs.values():
                 run.start_epoch(epoch)
             times: dict[str, list[float]] = {name: [] for name in runs}
-            for step in range(steps):
-                for name in runs if step % 2 == 0 else reversed(runs):
-                    started = time.perf_counter()
-                    runs[name].step()
-                    times[name].append(time.perf_counter() - started)
+            for turn, first in enumerate(range(0, steps, TURN)):  # every rank in the same order: all-reduces pair
+                for name in [*runs][turn % 3 :] + [*runs][: turn % 3]:  # each run first, second and third in turn
+                    for _ in range(first, min(first + TURN, steps)):
+                        started = time.perf_counter()
+                        runs[name].step()
+                        times[name].append(time.perf_counter() - started)
             timings.append(times)
+    dist.barrier()
     dist.destroy_process_group()
+    if rank:
+        return
     measured = timings[1:]  # the first epoch warms up
     medians = {name: statistics.median(t for epoch in measured for t in epoch[name]) * 1e6 for name in runs}
-    per_epoch = [statistics.median(epoch["same work"]) / statistics.median(epoch["engine"]) for epoch in measured]
-    print(json.dumps({"epochs": len(measured), "steps": steps, "batch": BATCH, "us_per_step": medians,
-                      "ratio": medians["same work"] / medians["engine"], "ratios": per_epoch}, indent=2))  # fmt: skip
+    compared = ("engine", "same work again")
+    ratios = {name: medians["same work"] / medians[name] for name in compared}
+    per_epoch = {name: [statistics.median(epoch["same work"]) / statistics.median(epoch[name]) for epoch in measured]
+                 for name in compared}  # fmt: skip
+    print(json.dumps({"ranks": args.ranks, "epochs": len(measured), "steps": steps, "batch": BATCH, "turn": TURN,
+                      "us_per_step": medians, "ratio": ratios, "ratios": per_epoch}, indent=2))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--package", required=True, help="the rendered project's package (installed)")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--ranks", type=int, default=1, help="more ranks also time each other's waits")
+    parser.add_argument("--port", type=int, default=29779)
+    args = parser.parse_args()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
+    if args.ranks == 1:
+        rank_main(0, args)
+    else:
+        mp.spawn(rank_main, args=(args,), nprocs=args.ranks)
 
 
 if __name__ == "__main__":
