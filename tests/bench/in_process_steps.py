@@ -41,7 +41,7 @@ TURN = 16
 class Engine:
     """The rendered project's Trainer over its own training loader, one run_step at a time."""
 
-    def __init__(self, package: str, output: str, rank: int, ranks: int) -> None:
+    def __init__(self, package: str, output: str, rank: int, ranks: int, unseeded: bool) -> None:
         engine = importlib.import_module(f"{package}.engine")
         config_module, rank_module, totals, process_group = (
             importlib.import_module(f"{package}.engine.{part}")
@@ -55,6 +55,9 @@ class Engine:
         info = process_group.RankInfo(rank, rank, ranks, "bench")
         self.trainer = rank_module.build_trainer(self.config, info, logging.getLogger("bench"))
         self.totals = totals.Totals(torch.device("cpu"))
+        if unseeded:  # what per-sample seeding costs a step: the Dataset's own batched fetch, without SampleSeeded
+            dataset = self.trainer.train_data.dataset.dataset
+            self.trainer.train_data.dataset.__getitems__ = lambda keys: dataset.__getitems__([i for _, i in keys])
 
     def start_epoch(self, epoch: int) -> None:
         self.trainer.train_data.sampler.set_epoch(epoch)
@@ -84,7 +87,7 @@ def rank_main(rank: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # as each of 2 ranks on 2 cores
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     with tempfile.TemporaryDirectory() as output:
-        ours = Engine(args.package, output, rank, args.ranks)
+        ours = Engine(args.package, output, rank, args.ranks, args.unseeded)
         loop = functools.partial(SameWork, args.package, rank, args.ranks, ours.config.settings["lr"],
                                  ours.config.settings["momentum"], ours.config.seed)  # fmt: skip
         # A second copy of the loop reads what this measurement gives for two runs with no difference.
@@ -122,6 +125,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--ranks", type=int, default=1, help="more ranks also time each other's waits")
     parser.add_argument("--port", type=int, default=29779)
+    parser.add_argument("--unseeded", action="store_true", help="the engine without per-sample seeding")
     args = parser.parse_args()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port))
     if args.ranks == 1:
