@@ -1,8 +1,8 @@
 """How the engine feeds a recipe's datasets to the ranks: PyTorch's standard DataLoader path.
 
-Training: DataLoader(batch_size=per-rank micro-batch, sampler=a DistributedSampler that can start an
-epoch part-way). Any map-style Dataset with integer indexing works; one that implements PyTorch's
-batched fetch (`__getitems__`) gets whole index lists instead, and may return a ready `Batch`.
+Training: DataLoader(batch_sampler=a DistributedSampler that can start an epoch part-way, cut into
+per-rank micro-batches). Any map-style Dataset with integer indexing works; one that implements
+PyTorch's batched fetch (`__getitems__`) gets whole index lists instead, and may return a ready `Batch`.
 Validation: each rank takes every world_size-th sample, without DistributedSampler's padding, so
 exactly the N validation samples count once.
 A batch may be any structure of tensors (tuples, lists, dicts, namedtuples, dataclasses): `to_device`
@@ -99,16 +99,14 @@ class ResumableSampler(DistributedSampler):
     """DistributedSampler whose next epoch can start after the first `skip` of this rank's samples.
 
     A run resumed mid-epoch continues with exactly the samples it had not trained on yet, without
-    loading the ones it skips. The order is DistributedSampler's own (seed + epoch). It yields
-    (epoch, index) pairs, so that SampleSeeded, in whichever worker, knows the epoch too.
+    loading the ones it skips. The order is DistributedSampler's own (seed + epoch).
     """
 
     skip = 0
 
     def __iter__(self):
         skip, self.skip = self.skip, 0  # only the first epoch after a resume starts part-way
-        # Paired as the batches are drawn, in C: no Python step per sample at the epoch's start.
-        return zip(itertools.repeat(self.epoch), itertools.islice(super().__iter__(), skip, None))
+        return itertools.islice(super().__iter__(), skip, None)
 
     def __len__(self) -> int:
         return self.num_samples - self.skip
@@ -116,6 +114,8 @@ class ResumableSampler(DistributedSampler):
 
 class EveryNth(Sampler):
     """Samples rank, rank + world_size, ...: every sample on exactly one rank, none padded or repeated."""
+
+    epoch = -1  # validation draws the same every epoch (SampleSeeded)
 
     def __init__(self, size: int, rank: int, world_size: int) -> None:
         self.indices = range(rank, size, world_size)
@@ -125,6 +125,29 @@ class EveryNth(Sampler):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+class KeyBatches(Sampler):
+    """A sampler's order in batches of `size`, each as (epoch, [index, ...]): the keys SampleSeeded fetches.
+
+    The epoch travels with the indices, so SampleSeeded knows it in whichever worker. A batch is one slice
+    of the epoch's order, where BatchSampler takes a Python step per sample (docs/performance.md).
+    """
+
+    def __init__(self, sampler: Sampler, size: int, drop_last: bool) -> None:
+        self.sampler, self.size, self.drop_last = sampler, size, drop_last
+
+    def __iter__(self):
+        # A generator: nothing runs before the first batch. A worker DataLoader calls iter() on its first epoch
+        # twice and draws from the second, and ResumableSampler hands a resume's skip to one iteration only.
+        order, size, epoch = list(self.sampler), self.size, self.sampler.epoch
+        end = len(order) - len(order) % size if self.drop_last else len(order)
+        for start in range(0, end, size):
+            yield epoch, order[start : start + size]
+
+    def __len__(self) -> int:
+        full, rest = divmod(len(self.sampler), self.size)
+        return full + (rest > 0 and not self.drop_last)
 
 
 _BITS = 2**64 - 1
@@ -324,10 +347,11 @@ class SampleSeeded(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key):
-        return self.__getitems__([key])[0]
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        return self.__getitems__((epoch, [index]))[0]
 
-    def __getitems__(self, keys: list):
+    def __getitems__(self, keys: tuple[int, list]):
         in_worker = get_worker_info() is not None
         seeded, watched = [_torch_stream], []
         for stream in (numpy_stream(), _python_stream):
@@ -346,7 +370,7 @@ class SampleSeeded(Dataset):
             self.draws_from.add(stream.name)
         return self.fetch_seeded(keys, [_torch_stream, numpy_stream(), _python_stream], in_worker)
 
-    def fetch_seeded(self, keys: list, streams: list, in_worker: bool):
+    def fetch_seeded(self, keys: tuple[int, list], streams: list, in_worker: bool):
         """The samples, with `streams` seeded for each; a rank without workers gets its own states back."""
         outer = [] if in_worker else [(stream, stream.save()) for stream in streams]
         try:
@@ -355,9 +379,8 @@ class SampleSeeded(Dataset):
             for stream, saved in outer:
                 stream.restore(saved)
 
-    def fetch(self, keys: list, streams: list):
-        # One sampler gives every key of a batch: (epoch, index) pairs in training, plain indices in validation.
-        epoch, indices = (keys[0][0], [index for _, index in keys]) if isinstance(keys[0], tuple) else (-1, keys)
+    def fetch(self, keys: tuple[int, list], streams: list):
+        epoch, indices = keys
         if self.epoch_mixed[0] != epoch:
             self.epoch_mixed = epoch, mixed_in(mixed_in(SEED_START, self.seed), epoch)
         if self.batched:
@@ -385,11 +408,10 @@ def seed_worker(worker_id: int) -> None:
     numpy_stream().seed(seed)
 
 
-def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, seed: int, rank: int, pin: bool, **more):
+def _loader(dataset: Dataset, batches: KeyBatches, workers: int, seed: int, rank: int, pin: bool):
     return DataLoader(
         SampleSeeded(dataset, seed),
-        batch_size=batch_size,
-        sampler=sampler,
+        batch_sampler=batches,
         collate_fn=collate,
         num_workers=workers,
         persistent_workers=workers > 0,  # started once per run, not once per epoch and validation
@@ -398,15 +420,37 @@ def _loader(dataset: Dataset, batch_size: int, sampler: Sampler, workers: int, s
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(seed + rank),
         pin_memory=pin,
-        **more,
     )
 
 
 def training_loader(dataset, micro_batch: int, rank: int, world_size: int, seed: int, workers: int, pin: bool):
-    # drop_last twice: every rank gets as many samples (sampler) and every micro-batch is full (loader).
+    # drop_last twice: every rank gets as many samples (sampler) and every micro-batch is full (batches).
     sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
-    return _loader(dataset, micro_batch, sampler, workers, seed, rank, pin, drop_last=True)
+    return _loader(dataset, KeyBatches(sampler, micro_batch, drop_last=True), workers, seed, rank, pin)
 
 
 def validation_loader(dataset, batch: int, rank: int, world_size: int, seed: int, workers: int, pin: bool):
-    return _loader(dataset, batch, EveryNth(len(dataset), rank, world_size), workers, seed, rank, pin)
+    batches = KeyBatches(EveryNth(len(dataset), rank, world_size), batch, drop_last=False)
+    return _loader(dataset, batches, workers, seed, rank, pin)
+
+
+def order_of(loader: DataLoader) -> Sampler:
+    """The sampler behind a training_loader or validation_loader: the epoch's order (set_epoch, skip, len)."""
+    return loader.batch_sampler.sampler
+
+
+def batches_of(loader: DataLoader):
+    """The loader's batches. Without workers they are fetched right here, as DataLoader would fetch them.
+
+    DataLoader's own single-process iterator does the same fetch and collate, and adds a profiler record
+    and its bookkeeping to every batch (what that costs a step: docs/performance.md).
+    """
+    if loader.num_workers:
+        return iter(loader)
+    return _fetched_here(loader.dataset, loader.batch_sampler, loader.pin_memory)
+
+
+def _fetched_here(dataset: SampleSeeded, keys: KeyBatches, pin: bool):
+    for batch_keys in keys:
+        batch = collate(dataset.__getitems__(batch_keys))
+        yield map_tensors(batch, torch.Tensor.pin_memory) if pin else batch

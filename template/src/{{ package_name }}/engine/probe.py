@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from . import PACKAGE
 from .config import Config
+from .loaders import batches_of
 from .process_group import bf16_problem, cleanup, devices_for, init_process_group
 from .rank import build_trainer
 from .smoke import PROBE
@@ -86,7 +87,7 @@ def _step(config: Config, info, devices, trainer) -> dict:
         problem = bf16_problem(own)
         if problem:
             return {"error": problem}
-    loss, finite = _one_step(trainer, next(iter(trainer.train_data)))
+    loss, finite = _one_step(trainer, next(batches_of(trainer.train_data)))
     return {
         "loss": loss.item(),
         "finite": math.isfinite(loss.item()) and finite,
@@ -96,7 +97,7 @@ def _step(config: Config, info, devices, trainer) -> dict:
 
 def _bare_loop(config: Config, info, devices, trainer) -> dict:
     """The same model, optimizer and step in DDP on one batch kept on the devices: no loader, totals or schedule."""
-    batch = trainer.on_devices(next(iter(trainer.train_data)))
+    batch = trainer.on_devices(next(batches_of(trainer.train_data)))
     for _ in range(3):
         _one_step(trainer, batch)
     synchronize = torch.cuda.synchronize if devices[0].type == "cuda" else lambda: None

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from . import checkpoint, records
 from .config import Config
 from .epochs import EpochRecords
-from .loaders import map_tensors, samples_in, to_device
+from .loaders import batches_of, map_tensors, order_of, samples_in, to_device
 from .logs import progress_bar, shown_path
 from .process_group import LaunchError, RankInfo, devices_for, restart_count
 from .state import Resumable
@@ -39,10 +39,10 @@ class Trainer(Resumable, EpochRecords):
         self.devices = devices_for(config, info.local_rank)
         self.output_dir = Path(config.output_dir)
         self.samples_per_step = config.micro_batch * config.accumulate_steps  # per rank
-        self.steps_per_epoch = len(train_data.sampler) // self.samples_per_step
+        self.steps_per_epoch = len(order_of(train_data)) // self.samples_per_step
         if self.steps_per_epoch < 1:
             raise LaunchError(
-                f"the training set gives each of {info.world_size} rank(s) {len(train_data.sampler)} samples, fewer "
+                f"the training set gives each of {info.world_size} rank(s) {len(order_of(train_data))} samples, fewer "
                 f"than one step's {self.samples_per_step}; lower global_batch_size or use more data"
             )
         self.total_steps = config.epochs * self.steps_per_epoch
@@ -89,10 +89,10 @@ class Trainer(Resumable, EpochRecords):
         dist.barrier()
 
     def run_epoch(self, epoch: int, progress) -> None:
-        sampler = self.train_data.sampler
-        sampler.set_epoch(epoch)
-        sampler.skip = self.step_in_epoch * self.samples_per_step  # resumed mid-epoch: skip what was trained on
-        batches = iter(self.train_data)
+        order = order_of(self.train_data)
+        order.set_epoch(epoch)
+        order.skip = self.step_in_epoch * self.samples_per_step  # resumed mid-epoch: skip what was trained on
+        batches = batches_of(self.train_data)
         training, validation = Totals(self.devices[-1]), Totals(self.devices[-1])
         started = time.perf_counter()
         for step in range(self.step_in_epoch, self.steps_per_epoch):
@@ -184,7 +184,7 @@ class Trainer(Resumable, EpochRecords):
         module = self.model.module  # no collectives: ranks may hold one sample more or less
         module.eval()
         step = self.custom_step if self.custom_steps else self.pair_step
-        for batch in self.val_data:
+        for batch in batches_of(self.val_data):
             with self.autocast():
                 if self.validation_step is not None:
                     totals.add(samples_in(batch), {}, self.validation_step(module, self.on_devices(batch)))
