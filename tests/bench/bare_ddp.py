@@ -14,13 +14,14 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_group import init_gloo  # this folder: the script's own, first on sys.path
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 
 def worker(rank: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    init_gloo(rank, args.ranks)
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(10, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 5)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # the rendered config's optimizer

@@ -4,15 +4,15 @@
 
 `--ranks` gloo ranks (1: this process; more are spawned), 1 thread each, batches of 32 per rank (a rank's
 share of bench.py's global batch of 64). In every rank the rendered project's Trainer, built by
-engine.rank.build_trainer from its default recipe, runs `run_step` over its own training loader
-(ResumableSampler, SampleSeeded), and the loop body of same_work_ddp.py (DataLoader + DistributedSampler,
-DDP, SGD with momentum, the cosine schedule, the loss and correct predictions summed) runs on the same data
-and model. The two, and a second copy of the loop, take turns of TURN steps, each step timed and each
-all-reducing its gradients over the same process group, so that a slow second of a shared machine hits all
-alike, which runs of their own cannot arrange; the first epoch warms up. Rank 0 prints JSON: the median
-microseconds of a step of each, and the ratio same-work / engine (1.0: the engine adds nothing to a step)
-beside same-work / its second copy (what the measurement reads for no difference at all), overall and for
-each epoch.
+engine.rank.build_trainer from its default recipe, runs `run_step` over its own training loader, drawn as
+Trainer.run_epoch draws it (loaders.batches_of: KeyBatches over ResumableSampler, SampleSeeded), and the
+loop body of same_work_ddp.py (DataLoader + DistributedSampler, DDP, SGD with momentum, the cosine schedule,
+the loss and correct predictions summed) runs on the same data and model. The two, and a second copy of
+the loop, take turns of TURN steps, each step timed and each all-reducing its gradients over the same
+process group, so that a slow second of a shared machine hits all alike, which runs of their own cannot
+arrange; the first epoch warms up. Rank 0 prints JSON: the median microseconds of a step of each, and the
+ratio same-work / engine (1.0: the engine adds nothing to a step) beside same-work / its second copy (what
+the measurement reads for no difference at all), overall and for each epoch.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import same_work_ddp  # this folder: the script's own, first on sys.path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_group import init_gloo
 
 BATCH, SAMPLES = 32, 16384  # per rank: 512 steps an epoch
 # Steps a run takes in a row before the next run's turn: a run's own code and data stay in the caches, as in a
@@ -43,9 +44,9 @@ class Engine:
 
     def __init__(self, package: str, output: str, rank: int, ranks: int, unseeded: bool) -> None:
         engine = importlib.import_module(f"{package}.engine")
-        config_module, rank_module, totals, process_group = (
+        config_module, rank_module, totals, process_group, self.loaders = (
             importlib.import_module(f"{package}.engine.{part}")
-            for part in ("config", "rank", "totals", "process_group")
+            for part in ("config", "rank", "totals", "process_group", "loaders")
         )
         self.config = config_module.from_command_line(
             ["--config", str(engine.PROJECT_ROOT / "configs" / "train.toml"), "--output-dir", output,
@@ -57,11 +58,11 @@ class Engine:
         self.totals = totals.Totals(torch.device("cpu"))
         if unseeded:  # what per-sample seeding costs a step: the Dataset's own batched fetch, without SampleSeeded
             dataset = self.trainer.train_data.dataset.dataset
-            self.trainer.train_data.dataset.__getitems__ = lambda keys: dataset.__getitems__([i for _, i in keys])
+            self.trainer.train_data.dataset.__getitems__ = lambda keys: dataset.__getitems__(keys[1])
 
     def start_epoch(self, epoch: int) -> None:
-        self.trainer.train_data.sampler.set_epoch(epoch)
-        self.batches = iter(self.trainer.train_data)
+        self.loaders.order_of(self.trainer.train_data).set_epoch(epoch)
+        self.batches = self.loaders.batches_of(self.trainer.train_data)  # as Trainer.run_epoch draws them
 
     def step(self) -> None:
         self.trainer.run_step(self.batches, self.totals)
@@ -85,7 +86,7 @@ class SameWork:
 
 def rank_main(rank: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # as each of 2 ranks on 2 cores
-    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    init_gloo(rank, args.ranks)
     with tempfile.TemporaryDirectory() as output:
         ours = Engine(args.package, output, rank, args.ranks, args.unseeded)
         loop = functools.partial(SameWork, args.package, rank, args.ranks, ours.config.settings["lr"],

@@ -19,6 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_group import init_gloo  # this folder: the script's own, first on sys.path
 from torch.nn import functional
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, Subset
@@ -56,7 +57,7 @@ def step(model, optimizer, schedule, sums: torch.Tensor, inputs: torch.Tensor, t
 
 def worker(rank: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))  # as the engine sets it
-    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    init_gloo(rank, args.ranks)
     sampler, loader, model, optimizer, schedule = build(
         args.package,
         args.ranks,

@@ -1,13 +1,16 @@
-"""What seeding every sample's random draws costs a batch: the engine's training loader against plain indexing.
+"""What the engine's training loader costs a batch, and what seeding every sample's random draws adds to it.
 
     python tests/bench/sample_seeded.py --package PACKAGE [--reps 5]
 
 The rendered project's own data (data.make_dataset, whose `__getitems__` fetches a batch in one call) and
 the same data one sample per `__getitem__` (a Dataset without `__getitems__`), read as rank 0 of 2 reads it:
-batches of 32, no workers. engine.loaders.training_loader (ResumableSampler and SampleSeeded: torch, numpy
-and Python's random seeded from (seed, epoch, index), the rank's own streams put back after each batch)
-against DataLoader(dataset, sampler=DistributedSampler, collate_fn=collate). Interleaved repetitions;
-prints JSON: the medians in microseconds per batch, and each ratio to plain indexing.
+batches of 32, no workers. Three loaders of each, interleaved repetitions:
+- "SampleSeeded": engine.loaders.training_loader drawn through batches_of, as the trainer draws it
+  (ResumableSampler cut by KeyBatches, and SampleSeeded: torch, numpy and Python's random seeded from
+  (seed, epoch, index), the rank's own streams put back after each batch);
+- "unseeded": the same loader with SampleSeeded's fetch replaced by the dataset's own;
+- "plain indexing": DataLoader(dataset, sampler=DistributedSampler, collate_fn=collate), iterated.
+Prints JSON: the medians in microseconds per batch, and each loader's ratio to plain indexing.
 """
 
 from __future__ import annotations
@@ -38,13 +41,21 @@ class OneByOne(Dataset):
         return self.dataset[index]
 
 
-def per_batch_us(loader: DataLoader) -> float:
+def per_batch_us(sampler: DistributedSampler, batches_of) -> float:
+    """Microseconds per batch of `batches_of()` over EPOCHS epochs of `sampler`."""
     batches, started = 0, time.perf_counter()
     for epoch in range(EPOCHS):
-        loader.sampler.set_epoch(epoch)
-        for _ in loader:
+        sampler.set_epoch(epoch)
+        for _ in batches_of():
             batches += 1
     return (time.perf_counter() - started) / batches * 1e6
+
+
+def unseeded_fetch(dataset: Dataset):
+    """SampleSeeded's fetch of a batch's keys (epoch, indices) without the seeding: the dataset's own."""
+    if hasattr(dataset, "__getitems__"):
+        return lambda keys: dataset.__getitems__(keys[1])
+    return lambda keys: [dataset[index] for index in keys[1]]
 
 
 def main() -> None:
@@ -61,8 +72,13 @@ def main() -> None:
         sampler = DistributedSampler(chosen, num_replicas=RANKS, rank=0, shuffle=True, seed=0, drop_last=True)
         plain = DataLoader(chosen, batch_size=BATCH, sampler=sampler, drop_last=True, collate_fn=loaders.collate)
         seeded = loaders.training_loader(chosen, BATCH, 0, RANKS, 0, workers=0, pin=False)
-        timed[f"{kind}, plain indexing"] = lambda loader=plain: per_batch_us(loader)
-        timed[f"{kind}, SampleSeeded"] = lambda loader=seeded: per_batch_us(loader)
+        unseeded = loaders.training_loader(chosen, BATCH, 0, RANKS, 0, workers=0, pin=False)
+        unseeded.dataset.__getitems__ = unseeded_fetch(chosen)
+        timed[f"{kind}, plain indexing"] = lambda loader=plain: per_batch_us(loader.sampler, lambda: loader)
+        for name, loader in (("SampleSeeded", seeded), ("unseeded", unseeded)):
+            timed[f"{kind}, {name}"] = lambda loader=loader: per_batch_us(  # as Trainer.run_epoch draws them
+                loaders.order_of(loader), lambda: loaders.batches_of(loader)
+            )
     samples: dict[str, list[float]] = {name: [] for name in timed}
     for rep in range(args.reps + 1):  # the first round warms up
         for name in timed if rep % 2 == 0 else reversed(timed):
@@ -70,8 +86,8 @@ def main() -> None:
             if rep:
                 samples[name].append(value)
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    ratios = {kind: medians[f"{kind}, SampleSeeded"] / medians[f"{kind}, plain indexing"]
-              for kind in ("batched", "one by one")}  # fmt: skip
+    ratios = {f"{kind}, {name}": medians[f"{kind}, {name}"] / medians[f"{kind}, plain indexing"]
+              for kind in ("batched", "one by one") for name in ("SampleSeeded", "unseeded")}  # fmt: skip
     print(json.dumps({"reps": args.reps, "batch": BATCH, "us_per_batch": medians, "ratios": ratios}, indent=2))
 
 
