@@ -127,7 +127,9 @@ def test_windows_gpu_project_typed_refusals_and_no_nccl_or_torchrun_to_pick(plai
     prompt.answer("Which Python version", ENTER)
     # The tags of torch 2.13, the experimental one marked; the GPU generations named by offered tags only; each
     # tag's oldest NVIDIA driver on the project's system.
-    screen = prompt.sees("Which PyTorch build? cpu, or a CUDA tag of torch 2.13:").splitlines()
+    prompt.sees("Which PyTorch build? cpu, or a CUDA tag of torch 2.13:")
+    # The question and its lines may arrive in two writes: the screen is read once its last line is there too.
+    screen = prompt.sees("NVIDIA driver, Windows:").splitlines()
     question = next(number for number, line in enumerate(screen) if "Which PyTorch build?" in line)
     assert screen[question + 1 : question + 5] == [
         "  cu126, cu130, cu132 (experimental)",
