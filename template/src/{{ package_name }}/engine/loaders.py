@@ -325,8 +325,9 @@ def numpy_stream() -> NumpyStream:
 class SampleSeeded(Dataset):
     """The recipe's dataset, with torch's, numpy's and Python's random draws seeded per sample.
 
-    A sample's draws come from (seed, epoch, index); a dataset with `__getitems__` gets one seed per
-    batch, from its first sample. Validation samples (plain indices) use epoch -1: the same every epoch.
+    It fetches a batch at a time, keyed (epoch, [index, ...]) by KeyBatches. A sample's draws come from
+    (seed, epoch, index); a dataset with `__getitems__` gets one seed per batch, from its first sample.
+    Validation batches come with epoch -1 (EveryNth): the same every epoch.
     A rank without workers gets its own streams back after each batch, so it keeps its dropout stream;
     a worker draws from them for the dataset alone, so it leaves them seeded. Only CPU generators are
     seeded: workers cannot use CUDA.
