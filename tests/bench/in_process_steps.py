@@ -28,6 +28,7 @@ import tempfile
 import time
 
 import same_work_ddp  # this folder: the script's own, first on sys.path
+import sample_seeded
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -56,9 +57,9 @@ class Engine:
         info = process_group.RankInfo(rank, rank, ranks, "bench")
         self.trainer = rank_module.build_trainer(self.config, info, logging.getLogger("bench"))
         self.totals = totals.Totals(torch.device("cpu"))
-        if unseeded:  # what per-sample seeding costs a step: the Dataset's own batched fetch, without SampleSeeded
-            dataset = self.trainer.train_data.dataset.dataset
-            self.trainer.train_data.dataset.__getitems__ = lambda keys: dataset.__getitems__(keys[1])
+        if unseeded:  # what per-sample seeding costs a step: the Dataset's own fetch, without SampleSeeded
+            seeded = self.trainer.train_data.dataset
+            seeded.__getitems__ = sample_seeded.unseeded_fetch(seeded.dataset)
 
     def start_epoch(self, epoch: int) -> None:
         self.loaders.order_of(self.trainer.train_data).set_epoch(epoch)
