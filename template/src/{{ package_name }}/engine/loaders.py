@@ -96,17 +96,17 @@ def samples_in(batch) -> int:
 
 
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler whose next epoch can start after the first `skip` of this rank's samples.
+    """DistributedSampler whose epoch can start after the first `skip` of this rank's samples.
 
     A run resumed mid-epoch continues with exactly the samples it had not trained on yet, without
-    loading the ones it skips. The order is DistributedSampler's own (seed + epoch).
+    loading the ones it skips. The order is DistributedSampler's own (seed + epoch). The trainer sets
+    `skip` with every epoch (0 but in the first after a resume); each iteration of the epoch skips alike.
     """
 
     skip = 0
 
     def __iter__(self):
-        skip, self.skip = self.skip, 0  # only the first epoch after a resume starts part-way
-        return itertools.islice(super().__iter__(), skip, None)
+        return itertools.islice(super().__iter__(), self.skip, None)
 
     def __len__(self) -> int:
         return self.num_samples - self.skip
@@ -138,8 +138,8 @@ class KeyBatches(Sampler):
         self.sampler, self.size, self.drop_last = sampler, size, drop_last
 
     def __iter__(self):
-        # A generator: nothing runs before the first batch. A worker DataLoader calls iter() on its first epoch
-        # twice and draws from the second, and ResumableSampler hands a resume's skip to one iteration only.
+        # A generator: the order is drawn with the first batch (a worker DataLoader calls iter() twice on its
+        # first epoch and draws from the second only).
         order, size, epoch = list(self.sampler), self.size, self.sampler.epoch
         end = len(order) - len(order) % size if self.drop_last else len(order)
         for start in range(0, end, size):
