@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -327,12 +328,21 @@ def init_process_group(config: Config, info: RankInfo) -> str:
     return listening
 
 
+# How long cleanup() lets gloo's worker threads finish before the group ends. A collective returns once it is
+# complete, now and then before its worker thread has let go of the tensors; letting go takes the GIL, and
+# ending the group joins those threads while holding it. A worker the OS had not run again by then deadlocked
+# the rank's exit; the pause lets it run first, for 0.1 s a run.
+GLOO_SETTLE_S = 0.1
+
+
 def cleanup() -> None:
     """Leave the process group, once the trainer is gone: its DDP model holds the group, and a group that
-    outlives the rank's own code still runs its gloo threads as the interpreter exits (init_process_group)."""
+    outlives the rank's own code still runs its gloo threads as the interpreter exits (init_process_group).
+    A failing rank lets go of the trainer first too (rank.let_go_of_frames)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        time.sleep(GLOO_SETTLE_S)
         dist.destroy_process_group()
 
 

@@ -277,11 +277,25 @@ def run_rank(config: Config, info: RankInfo) -> int:
         )
         log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
         return train(config, info, log)
-    except Exception:
+    except Exception as error:
         log.exception("rank failed")
+        let_go_of_frames(error)
         raise
     finally:
         cleanup()
+
+
+def let_go_of_frames(error: BaseException) -> None:
+    """Clear the locals of the frames the error passed through (its traceback still names every line).
+
+    Those frames hold the trainer, whose DDP model holds the process group: kept by the traceback, the
+    group would outlive cleanup() and end later, wherever the error is let go of (see cleanup()).
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
 
 
 def train(config: Config, info: RankInfo, log) -> int:
