@@ -16,7 +16,7 @@ import torch.distributed as dist
 from . import PACKAGE
 from .config import Config
 from .loaders import batches_of
-from .process_group import bf16_problem, cleanup, devices_for, init_process_group
+from .process_group import bf16_problem, devices_for, in_the_group, init_process_group
 from .rank import build_trainer
 from .smoke import PROBE
 
@@ -38,18 +38,18 @@ def probe_rank(config: Config, info) -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
     init_process_group(config, info)
     found: dict = {"rank": info.rank, "devices": [str(device) for device in devices]}
-    try:
-        found.update(parts(config, info, devices))
-    finally:
-        folder = Path(config.output_dir) / PROBE
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"rank{info.rank}.json").write_text(json.dumps(found), encoding="utf-8")
-        cleanup()
+    with in_the_group():
+        try:
+            found.update(parts(config, info, devices))
+        finally:
+            folder = Path(config.output_dir) / PROBE
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"rank{info.rank}.json").write_text(json.dumps(found), encoding="utf-8")
     return 0
 
 
 def parts(config: Config, info, devices) -> dict:
-    """Each part's outcome by name. The trainer lives in here only: see cleanup()."""
+    """Each part's outcome by name. The trainer lives in here only: see in_the_group()."""
     found, trainer = {}, None
     for name, part in (("collective", _collective), ("step", _step), ("bare", _bare_loop)):
         try:

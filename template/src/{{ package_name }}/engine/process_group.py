@@ -18,12 +18,14 @@ Importing this module does not import torch: the launcher uses it too. Functions
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing
 import os
 import socket
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -328,22 +330,42 @@ def init_process_group(config: Config, info: RankInfo) -> str:
     return listening
 
 
-# How long cleanup() lets gloo's worker threads finish before the group ends. A collective returns once it is
-# complete, now and then before its worker thread has let go of the tensors; letting go takes the GIL, and
-# ending the group joins those threads while holding it. A worker the OS had not run again by then deadlocked
-# the rank's exit; the pause lets it run first, for 0.1 s a run.
+# How long in_the_group() lets gloo's worker threads finish before the group ends. A collective returns once
+# it is complete, now and then before its worker thread has let go of the tensors; letting go takes the GIL,
+# and ending the group joins those threads while holding it. A worker the OS had not run again by then
+# deadlocked the rank's exit; the pause lets it run first, for 0.1 s a run.
 GLOO_SETTLE_S = 0.1
 
 
-def cleanup() -> None:
-    """Leave the process group, once the trainer is gone: its DDP model holds the group, and a group that
-    outlives the rank's own code still runs its gloo threads as the interpreter exits (init_process_group).
-    A failing rank lets go of the trainer first too (rank.let_go_of_frames)."""
-    import torch.distributed as dist
+@contextlib.contextmanager
+def in_the_group():
+    """The block runs in the process group, which ends with it, after the trainer the block built.
 
-    if dist.is_available() and dist.is_initialized():
-        time.sleep(GLOO_SETTLE_S)
-        dist.destroy_process_group()
+    The trainer's DDP model holds the group, and a group that outlives the rank's own code still runs its gloo
+    threads as the interpreter exits (init_process_group). The trainer lives in the block's functions only, so
+    it is gone when they return; when they raise, the error's frames still hold it, and are cleared first
+    (the traceback still names every line).
+    """
+    try:
+        yield
+    except BaseException as error:
+        let_go_of_frames(error)
+        raise
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            time.sleep(GLOO_SETTLE_S)
+            dist.destroy_process_group()
+
+
+def let_go_of_frames(error: BaseException | None) -> None:
+    """Clear the locals of the frames the error, and the errors behind it, passed through."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
 
 
 def torchrun_rank() -> RankInfo:

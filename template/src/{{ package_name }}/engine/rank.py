@@ -27,8 +27,8 @@ from .process_group import (
     LaunchError,
     RankInfo,
     check_backend,
-    cleanup,
     devices_for,
+    in_the_group,
     init_process_group,
 )
 from .stopping import STOP_SIGNALS, StopRequested, exit_status, listen_for_stop_requests
@@ -202,7 +202,7 @@ def has_no_samples(dataset) -> bool:
 
 
 def score(config: Config, info: RankInfo, weights: dict, checkpoint_path: str, split: str) -> dict:
-    """The weights' validation sums and metrics on `split`. The trainer lives in here only: see cleanup()."""
+    """The weights' validation sums and metrics on `split`. The trainer lives in here only: see in_the_group()."""
     trainer = build_trainer(config, info, logging.getLogger(f"{PACKAGE}.evaluate"), split)
     try:
         trainer.model.module.load_state_dict(weights)
@@ -234,7 +234,7 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
     if config.device == "cuda":
         torch.cuda.set_device(devices_for(config, info.local_rank)[0])
     init_process_group(config, info)
-    try:
+    with in_the_group():
         values = score(config, info, weights, checkpoint_path, split)
         if info.rank == 0:
             samples = int(values.pop("samples"))
@@ -247,8 +247,6 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
             }
             write_text_durably(Path(result_path), json.dumps(result, indent=2))
         dist.barrier()  # as at training's end: every rank is done with the group before one tears it down
-    finally:
-        cleanup()
     return 0
 
 
@@ -269,37 +267,22 @@ def run_rank(config: Config, info: RankInfo) -> int:
     listen_for_stop_requests(tuple(signum for signum in STOP_SIGNALS if signum == getattr(signal, "SIGUSR1", None)))
     listening = init_process_group(config, info)
     log = rank_logger(Path(config.output_dir), info.rank)  # after the meeting: rank 0 has claimed the folder
-    try:
-        devices = ", ".join(str(d) for d in devices_for(config, info.local_rank))
-        log.info(
-            f"rank {info.rank} of {info.world_size} started on {devices} (backend {config.backend}, "
-            f"started by {info.started_by}, pid {os.getpid()})"
-        )
-        log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
-        return train(config, info, log)
-    except Exception as error:
-        log.exception("rank failed")
-        let_go_of_frames(error)
-        raise
-    finally:
-        cleanup()
-
-
-def let_go_of_frames(error: BaseException) -> None:
-    """Clear the locals of the frames the error passed through (its traceback still names every line).
-
-    Those frames hold the trainer, whose DDP model holds the process group: kept by the traceback, the
-    group would outlive cleanup() and end later, wherever the error is let go of (see cleanup()).
-    """
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        traceback.clear_frames(error.__traceback__)
-        error = error.__cause__ or error.__context__
+    with in_the_group():
+        try:
+            devices = ", ".join(str(d) for d in devices_for(config, info.local_rank))
+            log.info(
+                f"rank {info.rank} of {info.world_size} started on {devices} (backend {config.backend}, "
+                f"started by {info.started_by}, pid {os.getpid()})"
+            )
+            log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
+            return train(config, info, log)
+        except Exception:
+            log.exception("rank failed")
+            raise
 
 
 def train(config: Config, info: RankInfo, log) -> int:
-    """Build the trainer and fit; the exit status. The trainer lives in here only: see cleanup()."""
+    """Build the trainer and fit; the exit status. The trainer lives in here only: see in_the_group()."""
     trainer = build_trainer(config, info, log)
     listen_for_stop_requests()
     try:
