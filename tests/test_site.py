@@ -26,6 +26,7 @@ from render import TEMPLATE, TEMPLATE_ADDRESS, copy_template
 @pytest.fixture(scope="session")
 def site(tmp_path_factory) -> Path:
     pytest.importorskip("material", reason="the docs theme (pip install mkdocs-material)")
+    pytest.importorskip("mkdocs_static_i18n", reason="the site's two languages (pip install mkdocs-static-i18n)")
     folder = tmp_path_factory.mktemp("site")
     build = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(folder)],
