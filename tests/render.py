@@ -16,8 +16,11 @@ TEMPLATE = Path(__file__).resolve().parents[1]
 # this name (there is no public home yet). tests/test_site.py holds every page to it.
 TEMPLATE_ADDRESS = "copier-torch-ddp"
 # What a copy of the template needs: the questionnaire, the generated tree, and the partials it includes.
-# The generated project's docs/ includes these pages of the template's docs (one source for both).
-TEMPLATE_PARTS = ("copier.yml", "template", "includes", "docs/make-it-your-own.md", "docs/updating.md")
+# The generated project's docs/ includes these pages of the template's docs (one source for both), in English and,
+# for a Chinese README, in Chinese.
+SHIPPED_PAGES = ("make-it-your-own", "updating")
+TEMPLATE_PARTS = ("copier.yml", "template", "includes",
+                  *(f"docs/{page}{language}.md" for page in SHIPPED_PAGES for language in ("", ".zh")))  # fmt: skip
 
 # Named answer sets: each is what a user would type on top of the defaults.
 ANSWER_SETS: dict[str, dict] = {

@@ -5,7 +5,8 @@ fails here, naming the page and what differs.
 Compared: the headings of each level (count), every fenced code block (byte for byte, in order), the set of
 inline code spans (commands, flags, file names and error texts stay verbatim in both), the error texts of the
 troubleshooting headings, the table rows (count) and the link targets (the same ones, each to a page that exists).
-The prose between them is the translator's.
+The prose between them is the translator's. A project whose README is Chinese ships the Chinese pages of its
+docs/ too, from the same source.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import yaml
 
-from render import TEMPLATE
+from render import ANSWER_SETS, SHIPPED_PAGES, TEMPLATE
 
 DOCS = TEMPLATE / "docs"
 ENGLISH = sorted(path for path in DOCS.glob("*.md") if not path.name.endswith(".zh.md"))
@@ -54,8 +56,9 @@ def test_every_page_has_its_chinese_translation_saying_the_same_things(english):
     en, zh = Markdown(english), Markdown(translated)
     page = f"{english.name} / {translated.name}"
     assert zh.headings == en.headings, f"{page}: headings per level differ (level: count)"
-    assert len(zh.code_blocks) == len(en.code_blocks), f"{page}: {len(en.code_blocks)} vs {len(zh.code_blocks)} code blocks"
-    for number, (ours, theirs) in enumerate(zip(en.code_blocks, zh.code_blocks), 1):
+    counts = f"{len(en.code_blocks)} vs {len(zh.code_blocks)}"
+    assert len(zh.code_blocks) == len(en.code_blocks), f"{page}: {counts} code blocks"
+    for number, (ours, theirs) in enumerate(zip(en.code_blocks, zh.code_blocks, strict=True), 1):
         assert theirs == ours, f"{page}: code block {number} differs"
     assert sorted(en.inline_code - zh.inline_code) == [], f"{page}: inline code only in {english.name}"
     assert sorted(zh.inline_code - en.inline_code) == [], f"{page}: inline code only in {translated.name}"
@@ -76,5 +79,34 @@ def test_troubleshooting_keeps_every_error_text_in_both_languages():
 
 
 def test_every_chinese_page_has_its_english_page():
-    orphans = [path.name for path in DOCS.glob("*.zh.md") if not path.with_name(path.name[: -len(".zh.md")] + ".md").is_file()]
+    orphans = [path.name for path in DOCS.glob("*.zh.md") if not (DOCS / path.name.replace(".zh.md", ".md")).is_file()]
     assert orphans == []
+
+
+@pytest.mark.parametrize("name", ANSWER_SETS)
+def test_the_project_ships_its_docs_in_its_readme_languages_and_their_links_resolve(rendered, name):
+    project = rendered(name)
+    language = yaml.safe_load((project / ".copier-answers.yml").read_text(encoding="utf-8"))["readme_language"]
+    suffixes = [""] if language == "en" else ["", ".zh-CN"]
+    docs = project / "docs"
+    assert sorted(path.name for path in docs.iterdir()) == sorted(f"{page}{suffix}.md" for page in SHIPPED_PAGES
+                                                                  for suffix in suffixes)  # fmt: skip
+    without_links = re.compile(r"\]\([^)]*\)")
+    for page in SHIPPED_PAGES:
+        for suffix, source in (("", f"{page}.md"), (".zh-CN", f"{page}.zh.md"))[: len(suffixes)]:
+            shipped = (docs / f"{page}{suffix}.md").read_text(encoding="utf-8")
+            site = (DOCS / source).read_text(encoding="utf-8")
+            assert without_links.sub("]", shipped) == without_links.sub("]", site), f"docs/{page}{suffix}.md"
+    readmes = {path.name: path for path in project.glob("README*.md")}
+    if language != "en":
+        chinese_readme = readmes["README.zh-CN.md" if language == "both" else "README.md"].read_text(encoding="utf-8")
+        assert [page for page in SHIPPED_PAGES if f"](docs/{page}.zh-CN.md)" not in chinese_readme] == []
+    broken = []
+    for path in [*readmes.values(), *docs.iterdir()]:
+        for target in LINK.findall(path.read_text(encoding="utf-8")):
+            if "://" not in target and not target.startswith("#"):
+                if not (path.parent / target.split("#")[0]).is_file():
+                    broken.append(f"{path.relative_to(project)}: {target}")
+                elif path.name.endswith(".zh-CN.md") and target.startswith(SHIPPED_PAGES) and ".zh-CN." not in target:
+                    broken.append(f"{path.relative_to(project)}: {target} is the English page")
+    assert broken == []
