@@ -1,6 +1,8 @@
 """The documentation as a person reads it: the HTML that `mkdocs build --strict` writes, not the markdown.
 
-The site is built once per test session (strict: any warning fails). The pages' numbered steps must
+The site is built once per test session (strict: any warning fails), in English and in Chinese (zh/); the
+checks below hold for every page of both, each page's language switch leads to its counterpart, and the search
+index finds Chinese words. The pages' numbered steps must
 render as one list, command blocks must hold only commands and comments, every `copier copy` must name
 the template by its one address, and the Linux path of getting-started must run as pasted (which also
 installs the rendered environment.yml's pip section into a fresh environment).
@@ -21,6 +23,8 @@ from pathlib import Path
 import pytest
 
 from render import TEMPLATE, TEMPLATE_ADDRESS, copy_template
+
+TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
@@ -99,9 +103,74 @@ def all_pages(site: Path) -> dict[str, Page]:
             if "search" not in p.parts}  # fmt: skip
 
 
-def test_getting_started_steps_render_as_one_numbered_list(site):
-    numbered = [entry for entry in page(site, "getting-started").lists if entry["kind"] == "ol" and not entry["nested"]]
+@pytest.mark.parametrize("name", ["getting-started", "zh/getting-started"])
+def test_getting_started_steps_render_as_one_numbered_list(site, name):
+    numbered = [entry for entry in page(site, name).lists if entry["kind"] == "ol" and not entry["nested"]]
     assert [entry["items"] for entry in numbered] == [4], numbered  # steps 1-4 in one list, none split off
+
+
+def english_pages(site: Path) -> list[str]:
+    return [name for name in all_pages(site) if not name.startswith("zh/")]
+
+
+def test_both_languages_build_every_page(site):
+    english = english_pages(site)
+    assert len(english) >= 11
+    chinese = sorted(name for name in all_pages(site) if name.startswith("zh/"))
+    assert chinese == sorted(f"zh/{name}" for name in english)
+
+
+def test_code_blocks_keep_their_languages_in_both_languages(site):
+    """A command block is highlighted as the shell it is pasted into, in the translation too."""
+    pages = all_pages(site)
+    for name in english_pages(site):
+        languages = [block["language"] for block in pages[name].blocks]
+        assert [block["language"] for block in pages[f"zh/{name}"].blocks] == languages, name
+    assert {"bat", "bash", "powershell", "python", "toml"} <= {b["language"] for p in pages.values() for b in p.blocks}
+
+
+class LanguageSwitch(HTMLParser):
+    """The links of material's language selector: {language: href}."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.links: dict[str, str] = {}
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "a" and "md-select__link" in attrs.get("class", "") and "hreflang" in attrs:
+            self.links[attrs["hreflang"]] = attrs["href"]
+
+
+def test_the_language_switch_links_each_page_to_its_counterpart(site):
+    for name in english_pages(site):
+        for language, own in (("en", name), ("zh", f"zh/{name}")):
+            where = (site / own).parent
+            links = LanguageSwitch((site / own).read_text(encoding="utf-8")).links
+            assert set(links) == {"en", "zh"}, own
+            for target_language, target in links.items():
+                # The home pages link to the site's root, /, and /zh/ (mkdocs-static-i18n's links).
+                folder = site / target.lstrip("/") if target.startswith("/") else where / target
+                expected = name if target_language == "en" else f"zh/{name}"
+                assert (folder / "index.html").resolve() == (site / expected).resolve(), (own, language, target)
+
+
+@pytest.mark.skipif(not shutil.which("node"), reason="runs material's own search code (needs node)")
+def test_search_finds_a_chinese_word_in_the_chinese_pages(site):
+    """material's search worker, run on the built index as the browser runs it: a Chinese word finds the Chinese
+    pages that hold it, and no English page (an index without a fitting separator would find none, or all)."""
+    worker = next((site / "assets" / "javascripts" / "workers").glob("search.*.min.js"))
+    index = site / "search" / "search_index.json"
+    found = {}
+    for query in ("检查点", "checkpoint"):
+        run = subprocess.run(["node", str(TESTS / "search_site.js"), str(worker), str(index), query],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        found[query] = run.stdout.split()
+    assert found["检查点"][0].startswith("zh/") and "zh/checkpoints/" in found["检查点"], found["检查点"][:5]
+    assert [location for location in found["检查点"] if not location.startswith(("zh/", "glossary/"))] == []
+    assert found["checkpoint"][0] == "checkpoints/"
 
 
 COMMENT = {"bat": ("rem ", "::"), "bash": ("#",), "powershell": ("#",)}
@@ -160,7 +229,8 @@ def test_every_copy_command_names_the_template_by_its_one_address(site):
     for name, built in all_pages(site).items():
         texts[name] = "\n".join(block["text"] for block in built.blocks)
     found = {name: copy_sources(text) for name, text in texts.items()}
-    assert found["README.md"] and found["getting-started/index.html"] and found["index.html"]
+    for name in ("README.md", "index.html", "getting-started/index.html"):
+        assert found[name] and (name == "README.md" or found[f"zh/{name}"]), name
     named = [prefix + TEMPLATE_ADDRESS for prefix in FULL_PATH_PREFIXES]
     wrong = {name: [s for s in sources if s not in named] for name, sources in found.items()}
     assert {name: s for name, s in wrong.items() if s} == {}
