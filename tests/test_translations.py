@@ -2,9 +2,10 @@
 the same things where a reader copies or follows them: a page changed in one language and not the other
 fails here, naming the page and what differs.
 
-Compared: the headings of each level (count), every fenced code block (byte for byte, in order), the set of
-inline code spans (commands, flags, file names and error texts stay verbatim in both), the error texts of the
-troubleshooting headings, the table rows (count) and the link targets (the same ones, each to a page that exists).
+Compared: the headings of each level (count), every fenced code block and every table a benchmark writes
+between markers (byte for byte, in order), the set of inline code spans (commands, flags, file names and error
+texts stay verbatim in both), the error texts of the troubleshooting headings, the table rows (count) and the
+link targets (the same ones, each to a page that exists).
 The prose between them is the translator's. A project whose README is Chinese ships the Chinese pages of its
 docs/ too, from the same source.
 """
@@ -24,6 +25,8 @@ DOCS = TEMPLATE / "docs"
 ENGLISH = sorted(path for path in DOCS.glob("*.md") if not path.name.endswith(".zh.md"))
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)[^\n]*\n.*?^(?P=indent)(?P=fence)[ \t]*$", re.M | re.S)
 INLINE_CODE = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)
+# What a benchmark writes into a page (docs/performance.md) between <!-- NAME:start --> and <!-- NAME:end -->.
+GENERATED = re.compile(r"<!-- ([\w:-]+):start -->.*?<!-- \1:end -->", re.S)
 LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
@@ -37,6 +40,7 @@ class Markdown:
     def __init__(self, path: Path) -> None:
         text = path.read_text(encoding="utf-8")
         self.code_blocks = [match.group(0) for match in FENCE.finditer(text)]
+        self.generated = [match.group(0) for match in GENERATED.finditer(text)]
         prose = FENCE.sub("", text)
         self.headings = Counter(len(line) - len(line.lstrip("#")) for line in prose.splitlines()
                                 if re.match(r"#{1,6} ", line))  # fmt: skip
@@ -60,6 +64,7 @@ def test_every_page_has_its_chinese_translation_saying_the_same_things(english):
     assert len(zh.code_blocks) == len(en.code_blocks), f"{page}: {counts} code blocks"
     for number, (ours, theirs) in enumerate(zip(en.code_blocks, zh.code_blocks, strict=True), 1):
         assert theirs == ours, f"{page}: code block {number} differs"
+    assert zh.generated == en.generated, f"{page}: the benchmark's tables differ (copy them from {english.name})"
     assert sorted(en.inline_code - zh.inline_code) == [], f"{page}: inline code only in {english.name}"
     assert sorted(zh.inline_code - en.inline_code) == [], f"{page}: inline code only in {translated.name}"
     assert zh.table_rows == en.table_rows, f"{page}: {en.table_rows} vs {zh.table_rows} table rows"
