@@ -48,7 +48,8 @@ def test_render_has_every_file(rendered, name):
     assert windows or [p.name for p in (project / "scripts").iterdir() if p.suffix in {".bat", ".ps1"}] == []
     missing += [m for m in PACKAGE_MODULES if not (project / "src" / package / f"{m}.py").is_file()]
     assert missing == []
-    assert {"outputs/", "runs/", "__pycache__/", "*.egg-info/"} <= set((project / ".gitignore").read_text().splitlines())
+    ignored = set((project / ".gitignore").read_text().splitlines())
+    assert {"outputs/", "runs/", "__pycache__/", "*.egg-info/"} <= ignored
 
 
 @pytest.mark.parametrize("name", ANSWER_SETS)
@@ -156,7 +157,9 @@ def test_every_command_and_path_in_the_readme_exists(rendered, name):
         assert ("分布式训练" if chinese else "Distributed training") in text
         scripts = set(re.findall(r"scripts[\\/]([\w.]+\.(?:bat|ps1|sh|py))", text))
         target_os = answers_of(project)["target_os"]
-        launchers = {"windows": WINDOWS_LAUNCHERS, "linux": LINUX_LAUNCHERS}.get(target_os, WINDOWS_LAUNCHERS + LINUX_LAUNCHERS)
+        launchers = {"windows": WINDOWS_LAUNCHERS, "linux": LINUX_LAUNCHERS}.get(
+            target_os, WINDOWS_LAUNCHERS + LINUX_LAUNCHERS
+        )
         assert set(launchers) <= scripts
         assert [s for s in scripts if not (project / "scripts" / s).is_file()] == []
         modules = set(re.findall(r"python -m ([\w.]+)", text)) - {"pytest"}

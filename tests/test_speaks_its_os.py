@@ -33,7 +33,8 @@ FOREIGN = {
 }
 # What each must show: its own launcher and its own way to activate a .venv.
 OWN = {
-    "linux": ["scripts/setup_env.sh", "scripts/train.sh", "source .venv/bin/activate", "python scripts/find_conflicts.py"],
+    "linux": ["scripts/setup_env.sh", "scripts/train.sh", "source .venv/bin/activate",
+              "python scripts/find_conflicts.py"],
     "windows": ["scripts\\setup_env.bat", "scripts\\train.bat", "scripts\\train.ps1", ".venv\\Scripts\\activate.bat",
                 "python scripts\\find_conflicts.py"],
 }  # fmt: skip
