@@ -67,8 +67,12 @@ def test_setup_env_sh_makes_a_venv_from_requirements_and_train_sh_trains_in_it(t
     })  # fmt: skip
     env = {name: value for name, value in os.environ.items() if not name.startswith(("PIP_", "VIRTUAL_ENV", "CONDA"))}
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_CACHE_DIR=str(tmp_path / "cache"),
-               PIP_NO_COMPILE="1", PATH=without_conda_path())  # fmt: skip
+               PIP_NO_COMPILE="1", PATH=without_conda_path(), GIT_CONFIG_GLOBAL=os.devnull,
+               GIT_CONFIG_NOSYSTEM="1")  # fmt: skip
     assert shutil.which("conda", path=env["PATH"]) is None
+    # Committed first, as the README's quick start does: what the first run writes must leave it clean.
+    for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "g"]):
+        subprocess.run(["git", *command], cwd=project, env=env, check=True, capture_output=True)
     setup = subprocess.run([str(project / "scripts" / "setup_env.sh")], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=900)  # fmt: skip
     assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
@@ -115,6 +119,15 @@ def the_first_run_as_the_readme_says(project: Path, env: dict) -> None:
                               text=True, timeout=900)  # fmt: skip
         assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
     assert (project / "outputs" / "curves.png").is_file() and (project / "outputs" / "best.val.json").is_file()
+    # The README's overlay of two runs, then git sees nothing new: every example writes where git looks away.
+    (overlay,) = re.findall(r"`(python -m \S+\.plot outputs runs/seed1 --output runs/both\.png)`",
+                            (project / "README.md").read_text(encoding="utf-8"))  # fmt: skip
+    done = subprocess.run(["bash", "-c", f"{activate} && {overlay}"], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (project / "runs" / "both.png").is_file()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=project, env=env, capture_output=True, text=True)
+    assert status.stdout == ""
 
 
 def test_setup_env_sh_without_a_python_of_the_pinned_version_says_how_to_name_one(tmp_path):
