@@ -144,6 +144,24 @@ def test_copier_cli_renders_the_defaults_without_trust(tmp_path):
     assert "--trust" not in result.stderr
 
 
+@pytest.mark.parametrize("target_os", ["windows", "linux", "both"])
+def test_the_message_after_copy_fits_80_columns_and_names_the_projects_os(tmp_path, target_os):
+    destination = tmp_path / "p"
+    result = subprocess.run(
+        [sys.executable, "-m", "copier", "copy", "--defaults", "--vcs-ref", "HEAD", "--data", f"target_os={target_os}",
+         str(TEMPLATE), str(destination)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    message = result.stderr[result.stderr.index("Next steps") :].rstrip().splitlines()
+    assert [line for line in message if len(line) > 80] == []
+    setup, train = ("scripts/setup_env.sh", "scripts/train.sh") if target_os == "linux" else (
+        "scripts\\setup_env.bat", "scripts\\train.bat")  # fmt: skip
+    after_setup = message.index(f"  {setup}") + 1
+    assert message[-2:] == ["  python -m my_ddp.doctor --smoke", f"  {train}"]
+    assert "activates the environment" in " ".join(message[after_setup:-2])
+
+
 @pytest.mark.parametrize("name", ANSWER_SETS)
 def test_every_command_and_path_in_the_readme_exists(rendered, name):
     project = rendered(name)
