@@ -38,6 +38,7 @@ from .process_group import (
     rendezvous_environment,
     restart_count,
     torchrun_rank,
+    under_torchrun,
 )
 from .stopping import INTERRUPTED, STOPPED, TERMINATED, WHEN_INTERRUPTED, listen_for_stop_requests
 
@@ -108,9 +109,12 @@ def run_program(program: tuple, config: Config, info: RankInfo) -> int:
     this rank's RankInfo and the arguments. Imported here, in the rank: the program's module imports torch."""
     module, function = program[0].rsplit(".", 1)
     die_with_the_launcher()
-    # Ctrl+C reaches a rank only from what started it (see stopping.py), as a request to save and stop: kept from
-    # the start, acted on once training runs.
-    listen_for_stop_requests((signal.SIGINT,))
+    if program == TRAINING:
+        # Ctrl+C reaches a training rank only from what started it (see stopping.py), as a request to save and
+        # stop: kept from the start, acted on once training runs.
+        listen_for_stop_requests((signal.SIGINT,))
+    elif not under_torchrun():
+        ignore_interrupts_in_children()
     return getattr(importlib.import_module(f".{module}", __package__), function)(config, info, *program[1:])
 
 
@@ -272,7 +276,10 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
                 print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
                 return 1
     except KeyboardInterrupt:
-        _interrupt(ranks)
+        if program == TRAINING:
+            _interrupt(ranks)
+        else:  # a probe or an evaluation has nothing to save: it ends at once
+            _stop(ranks)
         print(WHEN_INTERRUPTED, file=sys.stderr, flush=True)
         return INTERRUPTED
     finally:
@@ -346,6 +353,11 @@ def _stop(processes: list) -> None:
             process.kill()
     for process in started:
         process.join()
+
+
+def ignore_interrupts_in_children() -> None:
+    """Ranks that have nothing to save leave Ctrl+C to the parent, which stops them all in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _interrupt(ranks: list) -> None:
