@@ -97,7 +97,8 @@ def test_setup_env_bat_updates_activates_then_runs_the_doctor(rendered, wine_cmd
         "activate", answers["project_name"],
     ]  # fmt: skip
     assert run.args("python") == ["-m", f"{answers['package_name']}.doctor", "--config", "configs\\train.toml"]
-    assert f"Environment {answers['project_name']} is ready" in run.stdout
+    assert f"Environment {answers['project_name']} is ready and active here. In a new window, first:" in run.stdout
+    assert f"  conda activate {answers['project_name']}" in run.stdout
 
 
 def test_setup_env_bat_stops_with_the_doctors_failure(rendered, wine_cmd):
@@ -135,10 +136,11 @@ def test_setup_env_bat_without_conda_installs_requirements_into_the_venv(venv_pr
     assert run.launcher_exit == 0, run.stdout
     assert run.programs() == ["conda", "python", "python"]  # conda --version, then the .venv's python twice
     assert run.args("python") == [
-        "-m", "pip", "install", "-r", "requirements.txt", "-e", ".[test]",
+        "-m", "pip", "install", "-r", "requirements.txt", "-e", ".[test,plot]",
         "-m", "my_ddp.doctor", "--config", "configs\\train.toml",
     ]  # fmt: skip
-    assert "Environment .venv is ready. Next: scripts\\train.bat (it uses .venv by itself)" in run.stdout
+    assert "Environment .venv is ready. Activate it in each new window:" in run.stdout
+    assert "  .venv\\Scripts\\activate.bat" in run.stdout
 
 
 def test_setup_env_bat_venv_flag_never_asks_conda(venv_project, wine_cmd):
@@ -227,7 +229,7 @@ def test_setup_env_ps1_mirrors_setup_env_bat(rendered):
         assert command in ps1 and command in bat
     venv_python = ".venv\\Scripts\\python.exe"
     doctor = f"{venv_python} -m {answers_of(project)['package_name']}.doctor --config configs\\train.toml"
-    install = f'{venv_python} -m pip install -r requirements.txt -e ".[test]"'
+    install = f'{venv_python} -m pip install -r requirements.txt -e ".[test,plot]"'
     for command in (install, doctor, "-m venv .venv", "py -3.11 -m venv .venv"):
         assert command in ps1 and command in bat, command
     assert "neither conda nor Python 3.11 was found" in ps1 and "neither conda nor Python 3.11 was found" in bat

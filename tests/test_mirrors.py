@@ -93,7 +93,7 @@ def test_each_mirror_answer_renders_its_urls_and_commands(tmp_path, name):
     ]
     environment = yaml.safe_load((project / "environment.yml").read_text(encoding="utf-8"))
     assert environment["channels"] == [expected["conda"], *([] if name == "official" else ["nodefaults"])]
-    assert environment["dependencies"][-1] == {"pip": ["-r requirements.txt", "-e .[test]"]}
+    assert environment["dependencies"][-1] == {"pip": ["-r requirements.txt", "-e .[test,plot]"]}
     recorded = tomllib.loads((project / "configs" / "train.toml").read_text(encoding="utf-8"))["environment"]
     assert (recorded["torch_index_url"], recorded["pypi_index_url"], recorded["conda_channel"]) == (
         expected["torch"], expected["pypi"], expected["conda"],

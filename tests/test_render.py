@@ -19,10 +19,13 @@ from render import ANSWER_SETS, TEMPLATE
 
 REQUIRED = [
     "environment.yml", "requirements.txt", "pyproject.toml", ".gitattributes", ".copier-answers.yml",
-    "configs/train.toml", "scripts/train.bat", "scripts/train.ps1", "scripts/train.sh", "scripts/setup_env.bat",
-    "scripts/setup_env.ps1", "scripts/setup_env.sh",
+    "configs/train.toml", "scripts/train.sh", "scripts/setup_env.sh",
     "README.md", "tests/conftest.py", "tests/test_ddp.py", ".github/workflows/ci.yml", ".gitignore",
 ]  # fmt: skip
+# The launchers of each OS, generated only where the project runs on it (a Windows project keeps the .sh ones:
+# its own tests run them on Linux).
+WINDOWS_LAUNCHERS = ["train.bat", "train.ps1", "setup_env.bat", "setup_env.ps1"]
+LINUX_LAUNCHERS = ["train.sh", "setup_env.sh"]
 # The user's files and the entry points on top, the engine in its own package.
 PACKAGE_MODULES = [
     "__init__", "recipe", "model", "data", "train", "evaluate", "doctor", "plot",
@@ -39,16 +42,21 @@ def answers_of(project):
 def test_render_has_every_file(rendered, name):
     project = rendered(name)
     package = answers_of(project)["package_name"]
-    missing = [path for path in REQUIRED if not (project / path).is_file()]
+    windows = answers_of(project)["target_os"] != "linux"
+    required = REQUIRED + [f"scripts/{name}" for name in WINDOWS_LAUNCHERS if windows]
+    missing = [path for path in required if not (project / path).is_file()]
+    assert windows or [p.name for p in (project / "scripts").iterdir() if p.suffix in {".bat", ".ps1"}] == []
     missing += [m for m in PACKAGE_MODULES if not (project / "src" / package / f"{m}.py").is_file()]
     assert missing == []
-    assert {"outputs/", "__pycache__/", "*.egg-info/"} <= set((project / ".gitignore").read_text().splitlines())
+    ignored = set((project / ".gitignore").read_text().splitlines())
+    assert {"outputs/", "runs/", "__pycache__/", "*.egg-info/"} <= ignored
 
 
 @pytest.mark.parametrize("name", ANSWER_SETS)
 def test_windows_scripts_are_crlf_ascii_and_shell_scripts_lf(rendered, name):
     scripts = rendered(name) / "scripts"
-    for script in ("train.bat", "setup_env.bat", "train.ps1", "setup_env.ps1"):
+    windows = answers_of(rendered(name))["target_os"] != "linux"
+    for script in WINDOWS_LAUNCHERS if windows else []:
         data = (scripts / script).read_bytes()
         data.decode("ascii")  # cmd.exe and PowerShell 5.1 read these in the ANSI code page
         assert data.count(b"\n") == data.count(b"\r\n") > 3, script
@@ -69,7 +77,7 @@ def test_environment_pins_torch_from_the_wheel_index_of_its_tag(rendered, name):
     assert environment["name"] == answers["project_name"]
     assert f"python={answers['python_version']}" in environment["dependencies"]
     pip = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
-    assert pip == ["-r requirements.txt", "-e .[test]"]  # one list of pins for conda and for .venv
+    assert pip == ["-r requirements.txt", "-e .[test,plot]"]  # one list of pins for conda and for .venv
     requirements = (project / "requirements.txt").read_text(encoding="utf-8").splitlines()
     tag = answers["cuda"]
     assert f"--extra-index-url https://download.pytorch.org/whl/{tag}" in requirements
@@ -136,6 +144,24 @@ def test_copier_cli_renders_the_defaults_without_trust(tmp_path):
     assert "--trust" not in result.stderr
 
 
+@pytest.mark.parametrize("target_os", ["windows", "linux", "both"])
+def test_the_message_after_copy_fits_80_columns_and_names_the_projects_os(tmp_path, target_os):
+    destination = tmp_path / "p"
+    result = subprocess.run(
+        [sys.executable, "-m", "copier", "copy", "--defaults", "--vcs-ref", "HEAD", "--data", f"target_os={target_os}",
+         str(TEMPLATE), str(destination)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    message = result.stderr[result.stderr.index("Next steps") :].rstrip().splitlines()
+    assert [line for line in message if len(line) > 80] == []
+    setup, train = ("scripts/setup_env.sh", "scripts/train.sh") if target_os == "linux" else (
+        "scripts\\setup_env.bat", "scripts\\train.bat")  # fmt: skip
+    after_setup = message.index(f"  {setup}") + 1
+    assert message[-2:] == ["  python -m my_ddp.doctor --smoke", f"  {train}"]
+    assert "activates the environment" in " ".join(message[after_setup:-2])
+
+
 @pytest.mark.parametrize("name", ANSWER_SETS)
 def test_every_command_and_path_in_the_readme_exists(rendered, name):
     project = rendered(name)
@@ -148,7 +174,11 @@ def test_every_command_and_path_in_the_readme_exists(rendered, name):
         chinese = readme.name == "README.zh-CN.md" or language == "zh"
         assert ("分布式训练" if chinese else "Distributed training") in text
         scripts = set(re.findall(r"scripts[\\/]([\w.]+\.(?:bat|ps1|sh|py))", text))
-        assert {"train.bat", "setup_env.bat", "train.ps1", "setup_env.ps1", "train.sh"} <= scripts
+        target_os = answers_of(project)["target_os"]
+        launchers = {"windows": WINDOWS_LAUNCHERS, "linux": LINUX_LAUNCHERS}.get(
+            target_os, WINDOWS_LAUNCHERS + LINUX_LAUNCHERS
+        )
+        assert set(launchers) <= scripts
         assert [s for s in scripts if not (project / "scripts" / s).is_file()] == []
         modules = set(re.findall(r"python -m ([\w.]+)", text)) - {"pytest"}
         assert {f"{package}.train", f"{package}.doctor", f"{package}.plot"} <= modules

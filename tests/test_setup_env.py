@@ -1,6 +1,7 @@
 """scripts/setup_env.sh without conda, for real: it makes .venv, installs requirements.txt through a local
 stand-in of the mirror (tests/wheel_index.py, serving this machine's wheels under PyPI's and PyTorch's
-layouts), runs the doctor, and scripts/train.sh then trains in that .venv.
+layouts), runs the doctor, and scripts/train.sh then trains in that .venv. Then the README's first run, every
+command as written, each in a fresh shell that activates .venv with the README's own line.
 
 pip reads no configuration of its own here: only the rendered requirements.txt says where packages come from.
 """
@@ -8,6 +9,7 @@ pip reads no configuration of its own here: only the rendered requirements.txt s
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,10 +24,11 @@ from wheel_index import WheelIndex
 
 
 def needed(project: Path) -> list[str]:
-    """What setup_env.sh installs: the torch pin, the project's own and test requirements, its build backend."""
+    """What setup_env.sh installs: the torch pin, the project's own, test and plot requirements, its build backend."""
     pyproject = tomllib.loads((project / "pyproject.toml").read_text(encoding="utf-8"))
-    return [f"torch=={torch.__version__}", *pyproject["project"]["dependencies"],
-            *pyproject["project"]["optional-dependencies"]["test"], *pyproject["build-system"]["requires"]]  # fmt: skip
+    extras = pyproject["project"]["optional-dependencies"]
+    return [f"torch=={torch.__version__}", *pyproject["project"]["dependencies"], *extras["test"], *extras["plot"],
+            *pyproject["build-system"]["requires"]]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +67,18 @@ def test_setup_env_sh_makes_a_venv_from_requirements_and_train_sh_trains_in_it(t
     })  # fmt: skip
     env = {name: value for name, value in os.environ.items() if not name.startswith(("PIP_", "VIRTUAL_ENV", "CONDA"))}
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_CACHE_DIR=str(tmp_path / "cache"),
-               PIP_NO_COMPILE="1", PATH=without_conda_path())  # fmt: skip
+               PIP_NO_COMPILE="1", PATH=without_conda_path(), GIT_CONFIG_GLOBAL=os.devnull,
+               GIT_CONFIG_NOSYSTEM="1")  # fmt: skip
     assert shutil.which("conda", path=env["PATH"]) is None
+    # Committed first, as the README's quick start does: what the first run writes must leave it clean.
+    for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "g"]):
+        subprocess.run(["git", *command], cwd=project, env=env, check=True, capture_output=True)
     setup = subprocess.run([str(project / "scripts" / "setup_env.sh")], cwd=tmp_path, env=env, capture_output=True,
                            text=True, timeout=900)  # fmt: skip
     assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
-    assert "Environment .venv is ready. Next: scripts/train.sh (it uses .venv by itself)" in setup.stdout
+    assert "Environment .venv is ready. Activate it in each new terminal:\n  source .venv/bin/activate\n" in (
+        setup.stdout
+    )
     assert f"torch from: {local_mirror.url}/whl/cpu (answers" in setup.stdout  # the doctor, from inside .venv
     venv_python = project / ".venv" / "bin" / "python"
     installed = subprocess.run([str(venv_python), "-c", "import torch; print(torch.__version__)"],
@@ -84,6 +93,41 @@ def test_setup_env_sh_makes_a_venv_from_requirements_and_train_sh_trains_in_it(t
     assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
     assert "epoch 1/1" in train.stdout + train.stderr
     assert (project / "outputs" / "model.pt").is_file()
+    shutil.rmtree(project / "outputs")
+    the_first_run_as_the_readme_says(project, env)
+
+
+def first_run_of(readme: str) -> tuple[str, list[str]]:
+    """The README's line that activates .venv in bash, and every command of its first run (sections 1 and 2, from
+    the setup script on), in order."""
+    first_run = readme[readme.index("## 1. ") : readme.index("## 3. ")]
+    (activate,) = re.findall(r"^\| Linux \(bash\) \| `[^`]*` \| `([^`]*)` \|$", first_run, re.MULTILINE)
+    blocks = re.findall(r"^```bash\n(.*?)^```$", first_run, re.MULTILINE | re.DOTALL)
+    return activate, [line for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def the_first_run_as_the_readme_says(project: Path, env: dict) -> None:
+    activate, commands = first_run_of((project / "README.md").read_text(encoding="utf-8"))
+    assert activate == "source .venv/bin/activate"
+    assert commands[0] == "scripts/setup_env.sh"
+    assert [c.split()[2] if c.startswith("python -m ") else c.split()[0] for c in commands[1:]] == [
+        "my_ddp.doctor", "scripts/train.sh", "scripts/train.sh", "my_ddp.plot", "my_ddp.evaluate", "pytest",
+    ]  # fmt: skip
+    for command in commands:
+        # A new terminal: nothing active, then the README's line, then the command as written.
+        done = subprocess.run(["bash", "-c", f"{activate} && {command}"], cwd=project, env=env, capture_output=True,
+                              text=True, timeout=900)  # fmt: skip
+        assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    assert (project / "outputs" / "curves.png").is_file() and (project / "outputs" / "best.val.json").is_file()
+    # The README's overlay of two runs, then git sees nothing new: every example writes where git looks away.
+    (overlay,) = re.findall(r"`(python -m \S+\.plot outputs runs/seed1 --output runs/both\.png)`",
+                            (project / "README.md").read_text(encoding="utf-8"))  # fmt: skip
+    done = subprocess.run(["bash", "-c", f"{activate} && {overlay}"], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (project / "runs" / "both.png").is_file()
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=project, env=env, capture_output=True, text=True)
+    assert status.stdout == ""
 
 
 def test_setup_env_sh_without_a_python_of_the_pinned_version_says_how_to_name_one(tmp_path):

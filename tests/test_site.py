@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from render import TEMPLATE, TEMPLATE_ADDRESS, copy_template
+from render import TEMPLATE, TEMPLATE_ADDRESS, copy_template, render
 
 TESTS = Path(__file__).resolve().parent
 
@@ -294,3 +294,50 @@ def test_the_linux_path_of_getting_started_runs_as_pasted(site, tmp_path):
     spec = os.environ.get("TORCH_SPEC", "torch==2.13.0")
     if "==" in spec:
         assert installed.stdout.strip().startswith(spec.split("==")[1])
+
+
+def test_the_home_page_shows_windows_and_linux(site):
+    blocks = {block["language"]: block["text"] for block in page_at(site, "index.html").blocks}
+    assert "scripts\\setup_env.bat" in blocks["bat"] and "scripts\\train.bat" in blocks["bat"]
+    assert "scripts/setup_env.sh" in blocks["bash"] and "scripts/train.sh" in blocks["bash"]
+
+
+def css_rules(site: Path) -> dict[str, str]:
+    """{selector: declarations} of the site's own stylesheet, as every page links it."""
+    text = re.sub(r"/\*.*?\*/", "", (site / "stylesheets" / "extra.css").read_text(encoding="utf-8"), flags=re.DOTALL)
+    return {selector.strip(): body.strip() for selector, body in re.findall(r"([^{}]+)\{([^}]*)\}", text)}
+
+
+def test_answer_keys_stay_whole_and_shell_numbers_are_not_painted(site):
+    for name in ("questions/index.html", "launching/index.html", "index.html"):
+        assert "stylesheets/extra.css" in (site / name).read_text(encoding="utf-8"), name
+    rules = css_rules(site)
+    keys = next(body for selector, body in rules.items() if selector.endswith("td:first-child code"))
+    assert "white-space: nowrap" in keys and "word-break: normal" in keys
+    # Every row of the Questions table starts with its key, alone in a code element: the rule above keeps it whole.
+    questions = (site / "questions" / "index.html").read_text(encoding="utf-8")
+    first_cells = re.findall(r"<tr>\s*<td>(.*?)</td>", questions, re.DOTALL)
+    assert len(first_cells) >= 15 and all(re.fullmatch(r"<code>[a-z_]+</code>", cell) for cell in first_cells)
+    numbers = next(body for selector, body in rules.items() if ".language-bash" in selector and ".m," in selector)
+    assert "color: inherit" in numbers
+    # The digits of the multi-node commands are such number tokens, inside a bash block.
+    launching = (site / "launching" / "index.html").read_text(encoding="utf-8")
+    bash = re.findall(r'<div class="language-bash highlight">(.*?)</div>', launching, re.DOTALL)
+    assert any('<span class="m">192</span>' in block for block in bash)
+
+
+def test_one_multi_node_command_per_machine_in_the_readme_and_the_docs(site, tmp_path):
+    docs = [block["text"].split() for block in page(site, "launching").blocks
+            if block["heading"] == "Several machines" and block["language"] == "bash"]  # fmt: skip
+    project = tmp_path / "p"
+    render(project, {"target_os": "linux"})
+    readme = (project / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## 7. ") : readme.index("## 8. ")]
+    (block,) = re.findall(r"^```bash\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    assert docs == [block.split()]
+    lines = block.splitlines()
+    assert [line.split("--node-rank ")[1].split()[0] for line in lines] == ["0", "1"]
+
+
+def page_at(site: Path, path: str) -> Page:
+    return Page((site / path).read_text(encoding="utf-8"))

@@ -116,9 +116,12 @@ def glyph_check(matplotlib):
 
     installed = {font.name for font in font_manager.fontManager.ttflist}
     families = [name for name in CJK_FONTS if name in installed]
-    matplotlib.rcParams["font.sans-serif"] = [*matplotlib.rcParams["font.sans-serif"], *families]
+    default = matplotlib.rcParams["font.sans-serif"][:1]
+    # First, not after the default: matplotlib's glyph-by-glyph fallback does not reach an OpenType collection
+    # such as Linux's Noto Sans CJK (.ttc), and these fonts draw Latin text as well.
+    matplotlib.rcParams["font.sans-serif"] = [*families, *matplotlib.rcParams["font.sans-serif"]]
     charmaps = []
-    for name in [*matplotlib.rcParams["font.sans-serif"][:1], *families]:
+    for name in [*default, *families]:
         path = font_manager.findfont(font_manager.FontProperties(family=name), fallback_to_default=True)
         charmaps.append(FT2Font(path).get_charmap())
     return lambda char: char.isspace() or any(ord(char) in charmap for charmap in charmaps)

@@ -17,8 +17,8 @@ from .engine.config import from_command_line
 from .engine.launch import TRAIN_COMMAND, join_as_rank, resume_command, spawn
 from .engine.logs import wrapped
 from .engine.ownership import InUse, holding_the_output_dir, private_temporary_folder
-from .engine.process_group import LaunchError, under_torchrun
-from .engine.stopping import INTERRUPTED, TERMINATED
+from .engine.process_group import LaunchError, torchrun_rank, under_torchrun
+from .engine.stopping import INTERRUPTED, TERMINATED, WHEN_INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,14 +26,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with holding_the_output_dir(config), private_temporary_folder():
             if under_torchrun():
-                return join_as_rank(config)
+                return as_one_rank(config, argv)
             status = spawn(config)
     except (LaunchError, InUse) as error:
         print(wrapped(f"error: {error}"), file=sys.stderr)
         return 1
     if status in (INTERRUPTED, TERMINATED):
-        print(wrapped(f"to continue from the newest checkpoint: {resume_command(argv)}"), file=sys.stderr, flush=True)
+        print_how_to_continue(argv)
     return status
+
+
+def as_one_rank(config, argv: list[str] | None) -> int:
+    """One rank, started by torchrun or srun. Under torchrun, Ctrl+C comes from scripts/train.sh, which exits 130
+    itself: a rank that saved and stopped on it ends with 0, since torchrun takes any other status for a failure
+    (it would restart the ranks, or print its failure report). Rank 0 says how to continue, as spawn's launcher does."""
+    status = join_as_rank(config)
+    rank = torchrun_rank()
+    if status != INTERRUPTED or rank.started_by != "torchrun":
+        return status
+    if rank.rank == 0:
+        print(WHEN_INTERRUPTED, file=sys.stderr, flush=True)
+        print_how_to_continue(argv)
+    return 0
+
+
+def print_how_to_continue(argv: list[str] | None) -> None:
+    print(wrapped(f"to continue from the newest checkpoint: {resume_command(argv)}"), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from .process_group import (
     torchrun_rank,
     under_torchrun,
 )
-from .stopping import INTERRUPTED, STOPPED, TERMINATED
+from .stopping import INTERRUPTED, STOPPED, TERMINATED, WHEN_INTERRUPTED, listen_for_stop_requests
 
 STOPPING_GRACE_S = 30  # how long ranks that stopped on request get to end before they are killed
 REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
@@ -109,7 +109,11 @@ def run_program(program: tuple, config: Config, info: RankInfo) -> int:
     this rank's RankInfo and the arguments. Imported here, in the rank: the program's module imports torch."""
     module, function = program[0].rsplit(".", 1)
     die_with_the_launcher()
-    if not under_torchrun():
+    if program == TRAINING:
+        # Ctrl+C reaches a training rank only from what started it (see stopping.py), as a request to save and
+        # stop: kept from the start, acted on once training runs.
+        listen_for_stop_requests((signal.SIGINT,))
+    elif not under_torchrun():
         ignore_interrupts_in_children()
     return getattr(importlib.import_module(f".{module}", __package__), function)(config, info, *program[1:])
 
@@ -251,8 +255,14 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
     ]
     _running[:] = ranks
     try:
-        for rank in ranks:
-            rank.start()
+        # Started with Ctrl+C ignored, which they inherit until they listen for it (run_program): one pressed
+        # while a rank starts up cannot end it with a traceback.
+        interrupts = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for rank in ranks:
+                rank.start()
+        finally:
+            signal.signal(signal.SIGINT, interrupts)
         while True:
             multiprocessing.connection.wait([rank.sentinel for rank in ranks], timeout=1.0)
             ended = [slot for slot, rank in enumerate(ranks) if rank.exitcode not in (None, 0)]
@@ -266,8 +276,11 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
                 print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
                 return 1
     except KeyboardInterrupt:
-        _stop(ranks)
-        print("interrupted: every rank was stopped", file=sys.stderr, flush=True)
+        if program == TRAINING:
+            _interrupt(ranks)
+        else:  # a probe or an evaluation has nothing to save: it ends at once
+            _stop(ranks)
+        print(WHEN_INTERRUPTED, file=sys.stderr, flush=True)
         return INTERRUPTED
     finally:
         _running.clear()
@@ -343,8 +356,25 @@ def _stop(processes: list) -> None:
 
 
 def ignore_interrupts_in_children() -> None:
-    """Ranks leave Ctrl+C to the parent, which stops them all in order."""
+    """Ranks that have nothing to save leave Ctrl+C to the parent, which stops them all in order."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _interrupt(ranks: list) -> None:
+    """Ctrl+C: each rank saves a checkpoint where SIGTERM would have it save one, and stops; a second Ctrl+C, or
+    STOPPING_GRACE_S, ends them at once. The ranks run in process groups of their own, so the terminal's Ctrl+C
+    reaches them from here (a Windows console gives it to every process: the ranks have it already)."""
+    try:
+        for rank in ranks:
+            if not WINDOWS and rank.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(rank.pid, signal.SIGINT)
+        deadline = time.monotonic() + STOPPING_GRACE_S
+        for rank in ranks:
+            rank.join(timeout=max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        pass
+    _stop(ranks)
 
 
 def torchrun_layout(config: Config) -> Config:

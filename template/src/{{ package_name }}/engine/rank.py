@@ -288,7 +288,8 @@ def train(config: Config, info: RankInfo, log) -> int:
     try:
         trainer.fit()
     except StopRequested as stop:
-        log.info(str(stop))
+        # After Ctrl+C the console gets one line from the launcher (rank 0's under torchrun); the log gets this.
+        (log.debug if stop.signum == signal.SIGINT else log.info)(str(stop))
         # Saved and stopping: a second request, or srun ending the step once a peer has exited, must not cut
         # this rank's own end short (srun would then report the signal, not the status that asks to requeue).
         for signum in STOP_SIGNALS:

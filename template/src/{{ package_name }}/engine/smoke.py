@@ -25,6 +25,7 @@ from pathlib import Path
 from . import PACKAGE
 from .config import Config
 from .launch import TRAINING, spawn
+from .logs import wrapped
 from .process_group import as_flags, fit_to, gpus_needed
 
 PROBE = "probe"  # the probe's per-rank results: <output_dir>/probe/rank<N>.json
@@ -222,7 +223,7 @@ def training_steps(trained: tuple[int, str], resumed: tuple[int, str] | None, ru
         Step(
             "bitwise resume",
             difference is None,
-            f"resumed at step {STEPS_PER_EPOCH} from {kept[-1].name}: final weights "
+            f"resumed from step {STEPS_PER_EPOCH}: final weights "
             + ("equal bit for bit" if difference is None else f"not equal ({difference})"),
             "set deterministic = true (some GPU kernels are not), and draw every random number from torch, numpy or"
             " random, whose streams the checkpoint keeps (not a generator seeded from the clock or os.urandom)"
@@ -248,7 +249,7 @@ def throughput_step(config: Config, run: Path, probe_ranks: list[dict]) -> Step:
     return Step(
         "throughput",
         ratio >= SLOWER_THAN_BARE,
-        f"{engine:.0f} samples/s training, {baseline:.0f} in a bare DDP loop on the same devices ({ratio:.2f}x)",
+        f"{engine:.0f} samples/s; a bare DDP loop here: {baseline:.0f} ({ratio:.2f}x)",
         "most of the time goes outside the model: num_workers > 0 for a Dataset that does real work per "
         "sample, deterministic = false, and a model that is not tiny show where the time goes",
     )
@@ -281,7 +282,7 @@ def main(config: Config) -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     for step in steps:
-        print(step.line(), flush=True)
+        print(wrapped(step.line(), sys.stdout), flush=True)  # 80 columns on a terminal, one line in a log
     failed = sum(not step.passed for step in steps)
     print(f"{len(steps) - failed} of {len(steps)} steps passed", flush=True)
     return 1 if failed else 0
@@ -293,10 +294,13 @@ def run_steps(config: Config, folder: Path) -> list[Step]:
 
     smoke, notes = smoke_config(config, folder / "probe-run")
     for note in notes:
-        print(note, flush=True)
+        print(wrapped(note, sys.stdout), flush=True)
     print(
-        f"smoke check: {smoke.world_size} rank(s) on {smoke.device} ({smoke.backend}, precision {smoke.precision}, "
-        f"{smoke.parallelism}), recipe {smoke.recipe}",
+        wrapped(
+            f"smoke check: {smoke.world_size} rank(s) on {smoke.device} ({smoke.backend}, precision {smoke.precision}, "
+            f"{smoke.parallelism}), recipe {smoke.recipe}",
+            sys.stdout,
+        ),
         flush=True,
     )
     output = Captured(folder / "output.log")

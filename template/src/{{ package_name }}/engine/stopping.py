@@ -2,9 +2,10 @@
 
 A STOP_SIGNALS signal asks for a clean stop: Slurm's SIGUSR1 before a time limit or a preemption
 (--signal=USR1@90), SIGTERM from docker stop, Kubernetes or a process manager, Ctrl+Break in a Windows
-console (SIGBREAK, which every process there gets). The ranks vote every STOP_CHECK_EVERY steps (each
-vote read at the next, so no step waits for it) and agree at each epoch's end (trainer.py), save a
-checkpoint and exit with STOPPED (SIGUSR1) or TERMINATED (the others).
+console (SIGBREAK, which every process there gets), and Ctrl+C (SIGINT), which a rank gets only from what
+started it: the spawn launcher, scripts/train.sh around torchrun, srun. The ranks vote every STOP_CHECK_EVERY
+steps (each vote read at the next, so no step waits for it) and agree at each epoch's end (trainer.py), save a
+checkpoint and exit with STOPPED (SIGUSR1), INTERRUPTED (Ctrl+C) or TERMINATED (the others).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import signal
 INTERRUPTED = 130  # the shell convention for Ctrl+C
 STOPPED = 75  # EX_TEMPFAIL: stopped on SIGUSR1 with a checkpoint saved; run again to continue
 TERMINATED = 143  # 128 + SIGTERM: stopped on SIGTERM (or Ctrl+Break on Windows) with a checkpoint saved
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGUSR1", "SIGTERM", "SIGBREAK") if hasattr(signal, name))
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGUSR1", "SIGTERM", "SIGBREAK", "SIGINT") if hasattr(signal, name)
+)
 STOP_CHECK_EVERY = 16
+WHEN_INTERRUPTED = "interrupted: every rank was stopped"  # what the launcher (or rank 0 under torchrun) prints
 
 _received = 0  # the signal this process received (0: none)
 
@@ -44,4 +48,6 @@ def received() -> int:
 
 
 def exit_status(stop: StopRequested) -> int:
+    if stop.signum == signal.SIGINT:
+        return INTERRUPTED
     return STOPPED if stop.signum == getattr(signal, "SIGUSR1", None) else TERMINATED
