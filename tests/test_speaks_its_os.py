@@ -55,7 +55,7 @@ def projects(tmp_path_factory):
 
 def pages_of(project):
     pages = [project / "README.md", project / "README.zh-CN.md", *sorted((project / "docs").glob("*.md"))]
-    assert len(pages) == 4  # both READMEs, make-it-your-own.md and updating.md
+    assert len(pages) == 6  # both READMEs, make-it-your-own and updating in English and in Chinese
     return {page.relative_to(project).as_posix(): page.read_text(encoding="utf-8") for page in pages}
 
 

@@ -28,6 +28,8 @@ INLINE_CODE = re.compile(r"(`+)(.+?)(?<!`)\1(?!`)", re.S)
 # What a benchmark writes into a page (docs/performance.md) between <!-- NAME:start --> and <!-- NAME:end -->.
 GENERATED = re.compile(r"<!-- ([\w:-]+):start -->.*?<!-- \1:end -->", re.S)
 LINK = re.compile(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+# A part of a page for one OS: the site shows it, a project keeps it (without the markers) where it runs there.
+ONLY_OS = re.compile(r"<!-- only (\w+) -->\n(.*?)<!-- /only -->\n", re.S)
 
 
 def chinese(english: Path) -> Path:
@@ -91,7 +93,8 @@ def test_every_chinese_page_has_its_english_page():
 @pytest.mark.parametrize("name", ANSWER_SETS)
 def test_the_project_ships_its_docs_in_its_readme_languages_and_their_links_resolve(rendered, name):
     project = rendered(name)
-    language = yaml.safe_load((project / ".copier-answers.yml").read_text(encoding="utf-8"))["readme_language"]
+    answers = yaml.safe_load((project / ".copier-answers.yml").read_text(encoding="utf-8"))
+    language, target_os = answers["readme_language"], answers["target_os"]
     suffixes = [""] if language == "en" else ["", ".zh-CN"]
     docs = project / "docs"
     assert sorted(path.name for path in docs.iterdir()) == sorted(f"{page}{suffix}.md" for page in SHIPPED_PAGES
@@ -100,7 +103,8 @@ def test_the_project_ships_its_docs_in_its_readme_languages_and_their_links_reso
     for page in SHIPPED_PAGES:
         for suffix, source in (("", f"{page}.md"), (".zh-CN", f"{page}.zh.md"))[: len(suffixes)]:
             shipped = (docs / f"{page}{suffix}.md").read_text(encoding="utf-8")
-            site = (DOCS / source).read_text(encoding="utf-8")
+            site = ONLY_OS.sub(lambda part: part[2] if target_os in (part[1], "both") else "",
+                               (DOCS / source).read_text(encoding="utf-8"))  # fmt: skip
             assert without_links.sub("]", shipped) == without_links.sub("]", site), f"docs/{page}{suffix}.md"
     readmes = {path.name: path for path in project.glob("README*.md")}
     if language != "en":
