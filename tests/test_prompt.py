@@ -264,9 +264,9 @@ def test_without_a_locale_picking_both_readmes_asks_the_rest_in_chinese(plain_te
                    "conda 环境用哪个 Python 版本？", "用 torch 2.13 的哪个版本？", "共有几台机器一起训练？",
                    "节点 0 监听哪个 TCP 端口？")  # fmt: skip
     prompt.sees("autocast 用哪种混合精度？（参数和梯度仍为 fp32）")
-    menu = prompt.sees("bf16 (CPU or CUDA)")
+    menu = prompt.sees("bf16（CPU 或 CUDA）")
     # fp16 is disabled, its fix in Chinese
-    assert "- fp16 (CUDA only, with a GradScaler) (改用 bf16 或 no：fp16 需要 CUDA)" in menu
+    assert "- fp16（仅限 CUDA，配合 GradScaler） (改用 bf16 或 no：fp16 需要 CUDA)" in menu
     prompt.send(ENTER)
     defaults_until(prompt, "还需要哪些 torch 配套包？", "conda、pip 和 PyTorch 的包从哪个镜像下载？")
     prompt.sees("下一步（详见 README.zh-CN.md）：")  # both READMEs: the next steps in both languages

@@ -208,49 +208,68 @@ def test_every_question_has_help_and_no_setting_needs_trust():
     assert config["_min_copier_version"] >= "9"
 
 
-def helps_shown(template, destination, locale: str, answers: dict) -> dict[str, str]:
-    """Each question's help as the prompt prints it once ANSWERS are given, in a terminal of LOCALE: copier's own
-    Question renders it (a help is rendered only at the prompt)."""
+def helps_shown(template, destination, locale: str, answers: dict) -> dict[str, tuple[str, list[str]]]:
+    """Each question's help and its menu's lines as the prompt prints them once ANSWERS are given, in a terminal
+    of LOCALE: copier's own Question renders them (a help is rendered only at the prompt). questionary puts a
+    3-cell pointer before each choice, a check box after it in a multi-choice menu, and shows a choice that
+    earlier answers rule out as `- NAME (FIX)`; a question these answers skip shows no menu."""
     from copier._main import Worker
     from copier._user_data import Question
+
+    def shown(question: Question) -> tuple[str, list[str]]:
+        choices = question._formatted_choices if question.get_when() else []
+        box = "○ " if question.multiselect else ""
+        menu = [f" » {box}" + (f"- {c.title} ({c.disabled})" if c.disabled else c.title) for c in choices]
+        return question.get_message().rstrip(), menu
 
     with terminal_locale(locale):
         worker = Worker(src_path=str(template), dst_path=str(destination), data=answers, defaults=True, quiet=True)
         worker._ask()
         context = worker._render_context()
         return {
-            key: Question(answers=worker.answers, context=context, jinja_env=worker.jinja_env,
-                          settings=worker.settings, var_name=key, **details).get_message().rstrip()
+            key: shown(Question(answers=worker.answers, context=context, jinja_env=worker.jinja_env,
+                                settings=worker.settings, var_name=key, **details))
             for key, details in worker.template.questions_data.items() if "help" in details
         }  # fmt: skip
 
 
+# The answer sets, and one that is asked every question the others skip (a custom mirror, two machines).
+HELP_CONTEXTS = {
+    **ANSWER_SETS,
+    "custom-mirror-two-nodes": {"package_mirror": "custom", "nnodes": 2, "master_addr": "192.168.1.10"},
+}
+
+
 @pytest.fixture(scope="module")
 def helps(tmp_path_factory):
-    """Every help in both languages after each answer set: (language, answer set) -> {key: help}."""
+    """Every help and menu in both languages after each answer set: (language, answer set) -> {key: text}."""
     template = copy_template(tmp_path_factory.mktemp("template") / "plain")
     readme = {"English": "en", "Chinese": "zh"}
     return {
         (language, name): helps_shown(template, tmp_path_factory.mktemp("out") / "p", LANGUAGES[language][0],
                                       {**answers, "readme_language": readme[language]})
-        for language in LANGUAGES for name, answers in ANSWER_SETS.items()
+        for language in LANGUAGES for name, answers in HELP_CONTEXTS.items()
     }  # fmt: skip
 
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
-def test_every_help_fits_the_prompt_in_its_language_with_the_values_of_the_english_one(helps):
+def test_every_help_and_menu_fits_the_prompt_in_its_language_with_the_values_of_the_english_one(helps):
     for (language, name), shown in helps.items():
         assert len(shown) == 22, (language, name)
-        for key, text in shown.items():
+        for key, (text, menu) in shown.items():
             # The prompt prints "🎤 " and the help on an 80-column line: no line of a help may wrap there.
             widths = [wcswidth(line) for line in text.splitlines()]
             assert 0 <= min(widths) and max(widths) <= 76, (language, name, key, text)
-            assert bool(CJK.search(text)) == (language == "Chinese"), (language, name, key, text)
-    for name in ANSWER_SETS:
-        english, chinese = helps["English", name], helps["Chinese", name]
-        assert {key: values_not_in_both(english[key], chinese[key]) for key in english} == dict.fromkeys(english, [])
+            assert [line for line in menu if not 0 <= wcswidth(line) <= 80] == [], (language, name, key)
+            question = text.splitlines()[0]
+            assert bool(CJK.search(question)) == (language == "Chinese"), (language, name, key, text)
+    for name in HELP_CONTEXTS:
+        whole = {language: {key: "\n".join([text, *menu]) for key, (text, menu) in helps[language, name].items()}
+                 for language in LANGUAGES}  # fmt: skip
+        changed = {key: values_not_in_both(whole["English"][key], whole["Chinese"][key]) for key in whole["English"]}
+        assert changed == dict.fromkeys(whole["English"], [])
 
 
 # Whose language the questionnaire speaks: (the locale variables set, readme_language) -> its language.
