@@ -211,15 +211,15 @@ def test_every_question_has_help_and_no_setting_needs_trust():
 def helps_shown(template, destination, locale: str, answers: dict) -> dict[str, tuple[str, list[str]]]:
     """Each question's help and its menu's lines as the prompt prints them once ANSWERS are given, in a terminal
     of LOCALE: copier's own Question renders them (a help is rendered only at the prompt). questionary puts a
-    3-cell pointer before each choice, a check box after it in a multi-choice menu, and shows a choice that
-    earlier answers rule out as `- NAME (FIX)`; a question these answers skip shows no menu."""
+    3-cell pointer before each choice, then a check box in a multi-choice menu, or `- NAME (FIX)` for a choice
+    that earlier answers rule out; a question these answers skip shows no menu."""
     from copier._main import Worker
     from copier._user_data import Question
 
     def shown(question: Question) -> tuple[str, list[str]]:
         choices = question._formatted_choices if question.get_when() else []
         box = "○ " if question.multiselect else ""
-        menu = [f" » {box}" + (f"- {c.title} ({c.disabled})" if c.disabled else c.title) for c in choices]
+        menu = [f" » - {c.title} ({c.disabled})" if c.disabled else f" » {box}{c.title}" for c in choices]
         return question.get_message().rstrip(), menu
 
     with terminal_locale(locale):
