@@ -104,8 +104,8 @@ def templates_compiled_once() -> Iterator[None]:
     tests, all part of the key, and of the locale: jinja folds a filter over constants while it compiles, and
     copier.yml's `"$LANG" | expandvars` is one, so the locale variables are in the key too. copier builds a
     new environment for every render, so walking hundreds of answer sets compiled the same ~400 sources
-    each time (about half of a render). Every template is still
-    rendered with each answer set, by the real copier and jinja.
+    each time (about half of a render). Every template is still rendered with each answer set, by the real
+    copier and jinja.
     """
     import jinja2
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from wcwidth import wcswidth
 
 from render import ENGLISH_TERMINAL, copy_template, terminal_locale
 
 pexpect = pytest.importorskip("pexpect", reason="pexpect drives the pseudo-terminal (POSIX only)")
 pyte = pytest.importorskip("pyte", reason="pyte draws the terminal's screen")
-from wcwidth import wcswidth  # noqa: E402 (pyte's own measure of a character's cells)
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
 
