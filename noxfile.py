@@ -43,6 +43,7 @@ TORCH_ENV = [
     "setuptools>=64",
     "pexpect; sys_platform != 'win32'",
     "pyte",
+    "wcwidth",  # display cells of the questionnaire's lines (a CJK character takes 2)
     "mkdocs-material",
     "mkdocs-static-i18n",  # the site in English and Chinese (mkdocs.yml)
     "tomli; python_version < '3.11'",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from render import ANSWER_SETS, render, templates_compiled_once
+from render import ANSWER_SETS, ENGLISH_TERMINAL, render, templates_compiled_once, terminal_locale
 
 HERE = Path(__file__).resolve().parent
 
@@ -40,6 +40,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def compile_each_template_once():
     """Hundreds of renders in one process: jinja compiles each source once (see templates_compiled_once)."""
     with templates_compiled_once():
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def english_terminal():
+    """copier.yml follows the terminal's locale: every copier run of the tests, in this process or in one it
+    starts, sees an English terminal whatever the machine's locale, unless a test sets another."""
+    with terminal_locale(ENGLISH_TERMINAL):
         yield
 
 

@@ -6,6 +6,7 @@ python tests/render.py NAME DESTINATION    renders one named answer set
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -22,7 +23,12 @@ SHIPPED_PAGES = ("make-it-your-own", "updating")
 TEMPLATE_PARTS = ("copier.yml", "template", "includes",
                   *(f"docs/{page}{language}.md" for page in SHIPPED_PAGES for language in ("", ".zh")))  # fmt: skip
 
-# Named answer sets: each is what a user would type on top of the defaults.
+# copier.yml's terminal_locale reads these, in this order, to choose the questionnaire's language (and the
+# README's default). The answer sets and the tests mean an English terminal unless they say otherwise.
+LOCALE_VARIABLES = ("LC_ALL", "LC_MESSAGES", "LANG")
+ENGLISH_TERMINAL = "C.UTF-8"
+
+# Named answer sets: each is what a user would type on top of the defaults (in an English terminal).
 ANSWER_SETS: dict[str, dict] = {
     "windows-cpu-default": {},
     "linux-torchrun": {
@@ -79,13 +85,30 @@ def render(destination: Path, answers: dict | None = None, **options):
 
 
 @contextlib.contextmanager
+def terminal_locale(locale: str | None) -> Iterator[None]:
+    """Within this block copier, here and in the processes started here, reads LOCALE as the terminal's locale:
+    LANG alone, LC_ALL and LC_MESSAGES unset. None: no locale at all, as in a Windows console."""
+    saved = {name: os.environ.pop(name) for name in LOCALE_VARIABLES if name in os.environ}
+    if locale:
+        os.environ["LANG"] = locale
+    try:
+        yield
+    finally:
+        for name in LOCALE_VARIABLES:
+            os.environ.pop(name, None)
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
 def templates_compiled_once() -> Iterator[None]:
     """Within this block, jinja compiles each template source once per process instead of once per render.
 
     Compiling is a pure function of the source and of the environment's syntax, extensions, filters and
-    tests, all part of the key. copier builds a new environment for every render, so walking hundreds of
-    answer sets compiled the same ~400 sources each time (about half of a render). Every template is still
-    rendered with each answer set, by the real copier and jinja.
+    tests, all part of the key, and of the locale: jinja folds a filter over constants while it compiles, and
+    copier.yml's `"$LANG" | expandvars` is one, so the locale variables are in the key too. copier builds a
+    new environment for every render, so walking hundreds of answer sets compiled the same ~400 sources
+    each time (about half of a render). Every template is still rendered with each answer set, by the real
+    copier and jinja.
     """
     import jinja2
 
@@ -96,8 +119,9 @@ def templates_compiled_once() -> Iterator[None]:
         if not isinstance(source, str):  # an already parsed template
             return original(env, source, name, filename, raw, defer_init)
         syntax = tuple(getattr(env, option) for option in SYNTAX_OPTIONS)
+        locale = tuple(os.environ.get(variable) for variable in LOCALE_VARIABLES)
         key = (type(env), syntax, tuple(env.extensions), tuple(sorted(env.filters)), tuple(sorted(env.tests)),
-               source, name, filename, raw, defer_init)  # fmt: skip
+               locale, source, name, filename, raw, defer_init)  # fmt: skip
         if key not in compiled:
             compiled[key] = original(env, source, name, filename, raw, defer_init)
         return compiled[key]
@@ -121,5 +145,6 @@ SYNTAX_OPTIONS = (
 
 if __name__ == "__main__":
     name, destination = sys.argv[1], Path(sys.argv[2])
-    render(destination, ANSWER_SETS[name])
+    with terminal_locale(ENGLISH_TERMINAL):
+        render(destination, ANSWER_SETS[name])
     print(f"rendered {name} into {destination}")
