@@ -100,8 +100,9 @@ class Resumable:
     """The Trainer's checkpoint contents, and a resume from them (every rank loads what rank 0 picked)."""
 
     def state(self) -> dict:
-        rng_states: list = [None] * self.info.world_size
-        dist.all_gather_object(rng_states, state(self.devices))  # a collective: every rank calls state()
+        # Every rank's own random streams and epoch so far, in one collective: every rank calls state().
+        ranks: list = [None] * self.info.world_size
+        dist.all_gather_object(ranks, (state(self.devices), self.epoch_so_far()))
         return {
             "run_id": self.run_id,
             "model": checkpoint.on_cpu(self.model.module.state_dict()),
@@ -109,11 +110,13 @@ class Resumable:
             "scheduler": self.scheduler.state_dict(),
             "total_steps": self.total_steps,
             "scaler": self.scaler.state_dict(),
-            "rng": rng_states,
+            "rng": [rng for rng, _ in ranks],
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
             "global_step": self.global_step,
             "best": self.best,
+            "rows": self.rows,
+            "epoch_so_far": [so_far for _, so_far in ranks],
             # The epoch's order is a function of (seed, epoch, num_replicas); position: samples taken, per rank.
             "sampler": {
                 "seed": self.config.seed,
@@ -131,6 +134,9 @@ class Resumable:
         restore_scaler(self.scaler, state["config"].get("precision"), self.config.precision, state["scaler"], self.log)
         self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
         self.best = state.get("best")
+        so_far = state.get("epoch_so_far")  # an earlier version's checkpoint: the epoch's row counts from here
+        if so_far and self.step_in_epoch:
+            self.continue_epoch(so_far)
         if len(state["rng"]) == self.info.world_size:
             set_state(state["rng"][self.info.rank], self.devices)
         else:
@@ -150,6 +156,26 @@ class Resumable:
         else:
             self.rebuild_schedule(state["config"]["epochs"])
 
+    def epoch_so_far(self) -> dict:
+        """This rank's part of the unfinished epoch's row: its training sums, gradient norms and seconds."""
+        norms = [norm.cpu() for norm in self.grad_norms]
+        return {"totals": self.training.state_dict(), "grad_norms": norms, "seconds": self.seconds}
+
+    def continue_epoch(self, saved: list[dict]) -> None:
+        """The epoch's row goes on from each rank's saved sums. On another number of ranks, rank 0 takes them all:
+        the row is the same up to the order of the sums."""
+        if len(saved) == self.info.world_size:
+            own = saved[self.info.rank]
+        elif self.info.rank == 0:
+            totals = [part["totals"] for part in saved]
+            sums = {name: sum(part["sums"][name] for part in totals) for name in totals[0]["sums"]}
+            own = {**saved[0], "totals": {"sums": sums, "samples": sum(part["samples"] for part in totals)}}
+        else:
+            own = {**saved[0], "totals": {"sums": {}, "samples": torch.zeros((), dtype=torch.float64)}}
+        self.training.load_state_dict(own["totals"])
+        self.grad_norms = [norm.to(self.devices[-1]) for norm in own["grad_norms"]]
+        self.seconds = own["seconds"]
+
     def rebuild_schedule(self, trained_for: int) -> None:
         """A resume with another --epochs rebuilds the recipe's schedule for the new length, and says so."""
         for group in self.optimizer.param_groups:
@@ -167,16 +193,26 @@ class Resumable:
 
     def resume(self) -> None:
         """Rank 0 decides the run's identity and the checkpoint (setting damaged ones aside); all ranks load it."""
-        picked, state = [None, None], None
+        picked, state = [None, None, None], None
         if self.info.rank == 0:
             path, state, run_id = records.starting_point(self.config.resume, self.output_dir, self.log.warning)
-            picked = [str(path) if path else None, run_id]
+            metrics = self.output_dir / records.METRICS
+            # An earlier version's checkpoint keeps no rows: the file's, up to the checkpoint's epoch, stand in.
+            rows = state.get("rows") if state else []
+            if rows is None:
+                rows = [row for row in records.read_metrics(metrics) if str(row.get("epoch")).isdigit()]
+                rows = [row for row in rows if int(row["epoch"]) <= state["epoch"]]
+            picked = [str(path) if path else None, run_id, rows]
         dist.broadcast_object_list(picked, src=0)
         self.run_id = picked[1]
         if picked[0] is None:
             return
         self.load_state(state or checkpoint.load(Path(picked[0])))
-        self.resumed = True
+        self.rows, self.resumed = picked[2], True
+        if self.info.rank == 0:  # rows of epochs after the checkpoint go: those epochs are trained again
+            lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows))
+            if lost:
+                self.log.warning(lost)
         # The start line names the output folder: a checkpoint in it is named by its file name alone.
         picked_path = Path(picked[0])
         in_output = picked_path.parent.resolve() == checkpoint.directory(self.output_dir).resolve()

@@ -41,6 +41,15 @@ class Totals:
             self.waiting = []
         return self.folded
 
+    def state_dict(self) -> dict:
+        """The sums so far, folded, as CPU tensors: a checkpoint mid-epoch carries them, so the resumed epoch's row
+        is the uninterrupted one's (the same folds, in the same order)."""
+        return {"sums": {name: value.cpu() for name, value in self.fold().items()}, "samples": self.samples.cpu()}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.folded = {name: value.to(self.device) for name, value in saved["sums"].items()}
+        self.samples, self.waiting = saved["samples"].to(self.device), []
+
     def layout(self) -> list[tuple[str, tuple[int, ...]]]:
         return [(name, tuple(value.shape)) for name, value in self.fold().items()]
 

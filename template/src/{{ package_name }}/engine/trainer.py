@@ -56,7 +56,12 @@ class Trainer(Resumable, EpochRecords):
         self.custom_steps = hasattr(recipe, "training_step")  # a flag, not a bound method: no cycle keeps self alive
         self.validation_step = getattr(recipe, "validation_step", None)
         self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
-        self.grad_norms: list[torch.Tensor] = []  # this epoch's, before clipping (max_grad_norm > 0)
+        # The epoch so far (a checkpoint mid-epoch carries it): training sums, gradient norms before clipping
+        # (max_grad_norm > 0), seconds; and every finished epoch's metrics.csv row, the same on every rank.
+        self.training = Totals(self.devices[-1])
+        self.grad_norms: list[torch.Tensor] = []
+        self.seconds = 0.0
+        self.rows: list[dict] = []
         self.stop_vote = None  # (work, flag): the last mid-epoch stop check's all-reduce, still in flight
 
     def fit(self) -> None:
@@ -93,8 +98,8 @@ class Trainer(Resumable, EpochRecords):
         order.set_epoch(epoch)
         order.skip = self.step_in_epoch * self.samples_per_step  # resumed mid-epoch: skip what was trained on
         batches = batches_of(self.train_data)
-        training, validation = Totals(self.devices[-1]), Totals(self.devices[-1])
-        started = time.perf_counter()
+        training, validation = self.training, Totals(self.devices[-1])
+        started = time.perf_counter() - self.seconds
         for step in range(self.step_in_epoch, self.steps_per_epoch):
             self.run_step(batches, training)
             if self.global_step == 0:
@@ -105,9 +110,9 @@ class Trainer(Resumable, EpochRecords):
             if step + 1 == self.steps_per_epoch:
                 break  # the epoch's end saves and checks for a stop: a checkpoint never ends an epoch half-done
             if self.config.checkpoint_every and self.global_step % self.config.checkpoint_every == 0:
-                self.save_mid_epoch(training)
+                self.save_mid_epoch(started)
             if self.global_step % STOP_CHECK_EVERY == 0 and (stop := self.stop_voted()):
-                self.save_mid_epoch(training)
+                self.save_mid_epoch(started)
                 raise StopRequested(self.stopped_at(stop), stop)
         seconds = time.perf_counter() - started
         self.validate(validation)
@@ -115,7 +120,8 @@ class Trainer(Resumable, EpochRecords):
         self.stop_if_not_finite(float(trained.get("loss", 0.0)))
         self.epoch, self.step_in_epoch = epoch + 1, 0
         row = self.epoch_row(trained, seen, validated, val_seen, seconds)
-        self.resumed = False
+        self.rows.append(row)
+        self.training, self.grad_norms, self.seconds, self.resumed = Totals(self.devices[-1]), [], 0.0, False
         improved = self.track_best(row)  # on every rank: the rows are equal, and early stopping needs it everywhere
         every = self.config.checkpoint_every
         stop = self.stop_agreed()
@@ -180,9 +186,11 @@ class Trainer(Resumable, EpochRecords):
 
     @torch.no_grad()
     def validate(self, totals: Totals) -> None:
-        """This rank's share of the validation set, every sample exactly once over all ranks."""
-        module = self.model.module  # no collectives: ranks may hold one sample more or less
-        module.eval()
+        """This rank's share of the validation set, every sample exactly once over all ranks, scored with the
+        weights and buffers rank 0 saves."""
+        module = self.model.module
+        self.take_rank_0_buffers(module)
+        module.eval()  # no collectives from here: ranks may hold one sample more or less
         step = self.custom_step if self.custom_steps else self.pair_step
         for batch in batches_of(self.val_data):
             with self.autocast():
@@ -193,6 +201,14 @@ class Trainer(Resumable, EpochRecords):
                     totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
 
+    @staticmethod
+    def take_rank_0_buffers(module) -> None:
+        """Rank 0's buffers (BatchNorm's running statistics) on every rank, as DDP would copy them at the next
+        training forward: after the last step each rank holds its own, updated by its own batches, while
+        checkpoints, best.pt and model.pt hold rank 0's. Training is unchanged; validation scores what is saved."""
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
     def evaluate(self) -> dict[str, float]:
         """The validation metrics of the model as it is, over all ranks (what each epoch's val_ columns hold)."""
         totals = Totals(self.devices[-1])
@@ -200,8 +216,9 @@ class Trainer(Resumable, EpochRecords):
         ((sums, samples),) = all_reduced([totals])
         return {"samples": samples, **validation_metrics(self.recipe, sums, samples)}
 
-    def save_mid_epoch(self, training: Totals) -> None:
-        so_far = training.fold().get("loss", torch.zeros((), dtype=torch.float64, device=self.devices[-1]))
+    def save_mid_epoch(self, started: float) -> None:
+        self.seconds = time.perf_counter() - started
+        so_far = self.training.fold().get("loss", torch.zeros((), dtype=torch.float64, device=self.devices[-1]))
         so_far = so_far.reshape(1).clone()
         dist.all_reduce(so_far, op=dist.ReduceOp.SUM)
         self.stop_if_not_finite(so_far.item())
