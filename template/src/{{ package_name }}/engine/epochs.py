@@ -43,7 +43,7 @@ class EpochRecords:
             raise LaunchError(
                 f"best_metric {name!r} is not a metrics.csv column; this recipe's columns are {', '.join(columns)}"
             )
-        value, sign = row[name], 1 if self.config.best_mode == "min" else -1
+        value, sign = float(row[name]), 1 if self.config.best_mode == "min" else -1  # text: an earlier file's row
         if self.best is None or sign * value < sign * self.best[0]:
             self.best = (value, row["epoch"])
             return True

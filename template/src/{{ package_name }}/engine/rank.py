@@ -130,13 +130,14 @@ def refusal(config: Config, info: RankInfo) -> str | None:
             resumed_run = checkpoint.load(Path(config.resume)).get("run_id")
         except checkpoint.CheckpointError as error:
             return str(error)
-    return unfit_checkpoint(config, info) or records.claim_output_dir(
+    return unresumable(config, info) or records.claim_output_dir(
         Path(config.output_dir), config.resume, config.overwrite, resumed_run
     )
 
 
-def unfit_checkpoint(config: Config, info: RankInfo) -> str | None:
-    """Why the checkpoint this run would continue from cannot load into the recipe's model (model.py changed).
+def unresumable(config: Config, info: RankInfo) -> str | None:
+    """Why this run cannot continue from the checkpoint it would resume: another seed, a batch changed mid-epoch, a
+    model that does not fit it (model.py or a shape setting changed). docs/checkpoints.md has what a resume changes.
 
     Checked before anything is written, by building the model once more on rank 0, only when there is a
     checkpoint to continue from; the random streams are left as they were.
@@ -149,20 +150,38 @@ def unfit_checkpoint(config: Config, info: RankInfo) -> str | None:
     else:
         paths = [Path(config.resume)]
     for path in paths:  # the first that loads: the trainer reports damaged ones and sets them aside
-        saved = checkpoint.saved_shapes(path)
+        saved = checkpoint.what_it_resumes(path)
         if saved is not None:
             break
     else:
         return None
+    new_run = "--resume none with a new --output-dir"
+    trained = saved["config"]
+    if trained.get("seed", config.seed) != config.seed:
+        return (
+            f"checkpoint {path} was trained with seed {trained['seed']} and this run sets seed {config.seed}: a "
+            "resume keeps the seed that made its weights, data order and random streams; nothing was changed. "
+            f"Resume with --seed {trained['seed']}, or train seed {config.seed} as a new run: {new_run}"
+        )
+    batch = [name for name in ("global_batch_size", "accumulate_steps") if trained.get(name, getattr(config, name)) !=
+             getattr(config, name)]  # fmt: skip
+    if batch and saved["step_in_epoch"]:
+        was = ", ".join(f"{name} = {trained[name]}" for name in batch)
+        return (
+            f"checkpoint {path} stopped in epoch {saved['epoch'] + 1}, at its step {saved['step_in_epoch'] + 1}, and "
+            f"this run changes {' and '.join(batch)}: a batch changes only between epochs; nothing was changed. "
+            "Resume from a checkpoint saved at an epoch's end (--resume PATH; checkpoint_every = 0 saves only "
+            f"those), or keep {was} for this run"
+        )
     with torch.random.fork_rng(devices=[]):
         model = importlib.import_module(config.recipe).model(config, devices_for(config, info.local_rank))
-    problem = checkpoint.misfit({name: tuple(value.shape) for name, value in model.state_dict().items()}, saved)
+    problem = checkpoint.misfit({name: tuple(value.shape) for name, value in model.state_dict().items()},
+                                saved["shapes"])  # fmt: skip
     if problem is None:
         return None
     return (
         f"checkpoint {path} does not fit the model: {problem}; nothing was changed. To train this model, start a "
-        f"new run: --resume none with a new --output-dir, or --resume none --overwrite to replace the run in "
-        f"{output_dir}"
+        f"new run: {new_run}, or --resume none --overwrite to replace the run in {output_dir}"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import json
 import platform
@@ -41,8 +42,17 @@ def git_commit() -> str | None:
     return found.stdout.strip() if found.returncode == 0 else None
 
 
-def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: int, config: dict) -> None:
+def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: int, config: dict, step: int) -> None:
+    """run.json: the run's identity, versions and settings (this start's), and under "segments" each start of the
+    run with the step it began at and the settings it trained under (a resume may change some)."""
     answers_file = PROJECT_ROOT / ".copier-answers.yml"
+    try:
+        earlier = json.loads((output_dir / RUN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        earlier = {}
+    segments = earlier.get("segments", []) if isinstance(earlier, dict) and earlier.get("run_id") == run_id else []
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    segment = {"started": started, "from_step": step, "world_size": world_size, "restart": restart, "config": config}
     record = {
         "run_id": run_id,
         "versions": versions(),
@@ -51,6 +61,7 @@ def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: in
         "restart": restart,
         "config": config,
         "answers": answers_file.read_text(encoding="utf-8") if answers_file.exists() else None,
+        "segments": [*segments, segment],
     }
     write_text_durably(output_dir / RUN_RECORD, json.dumps(record, indent=2, default=str))
     name_the_run(output_dir, run_id)  # a second launch into this folder is told which run holds it

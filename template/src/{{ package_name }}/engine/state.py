@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, records
+from .config import MOVED_TO_RECIPE, SETTING_NAMES
 from .logs import shown_path
 
 
@@ -96,6 +97,30 @@ def restore_scaler(scaler, saved_precision: str | None, precision: str, saved_st
         scaler.load_state_dict(saved_state)
 
 
+# What a resume changes, and how, is in docs/checkpoints.md. These reshape the schedule, as [recipe] settings do;
+# seed, and a batch change mid-epoch, are refused before the ranks meet (rank.unresumable).
+RESHAPE_THE_SCHEDULE = ("epochs", "global_batch_size", "accumulate_steps")
+# Where and how a run is launched and watched, not what it trains; precision says itself (restore_scaler).
+NOT_TRAINING = {"resume", "overwrite", "output_dir", "master_addr", "master_port", "node_rank", "progress", "precision"}
+
+
+def changed_settings(saved: dict, current: dict) -> dict[str, tuple]:
+    """{name: (saved value, this run's)} of every engine and [recipe] setting that differs ("unset": not there).
+
+    An engine setting that an earlier version's checkpoint lacks counts as unchanged; its [recipe] settings may be
+    engine settings of that time (MOVED_TO_RECIPE)."""
+    changed = {}
+    for name in SETTING_NAMES:
+        if name in saved and name not in NOT_TRAINING and saved[name] != current[name]:
+            changed[name] = (saved[name], current[name])
+    then = {**{name: saved[name] for name in MOVED_TO_RECIPE if name in saved}, **saved.get("settings", {})}
+    now = current["settings"]
+    for name in [*now, *(name for name in then if name not in now)]:
+        if then.get(name, "unset") != now.get(name, "unset"):
+            changed[name] = (then.get(name, "unset"), now.get(name, "unset"))
+    return changed
+
+
 class Resumable:
     """The Trainer's checkpoint contents, and a resume from them (every rank loads what rank 0 picked)."""
 
@@ -130,6 +155,9 @@ class Resumable:
 
     def load_state(self, state: dict) -> None:
         self.model.module.load_state_dict(state["model"])
+        # The hyperparameters this run's settings gave (lr, momentum, ...), before the saved ones replace them.
+        groups = self.optimizer.param_groups
+        chosen = [{key: value for key, value in group.items() if key != "params"} for group in groups]
         self.optimizer.load_state_dict(state["optimizer"])
         restore_scaler(self.scaler, state["config"].get("precision"), self.config.precision, state["scaler"], self.log)
         self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
@@ -151,10 +179,25 @@ class Resumable:
                 f"ranks, this job has seed {self.config.seed} over {self.info.world_size}: the rest of "
                 f"epoch {self.epoch + 1} uses a different sample order"
             )
-        if state.get("total_steps", self.total_steps) == self.total_steps:
-            self.scheduler.load_state_dict(state["scheduler"])
+        changed = changed_settings(state["config"], vars(self.config))
+        reshaping = [name for name in changed if name in RESHAPE_THE_SCHEDULE or name in self.config.settings]
+        saved_total = state.get("total_steps", self.total_steps)
+        if saved_total != self.total_steps and not reshaping:  # the data set's size, or the number of ranks
+            changed["steps per epoch"] = (saved_total // state["config"]["epochs"], self.steps_per_epoch)
+            reshaping.append("steps per epoch")
+        said = {name: f"{name} changed from {old} to {new}" for name, (old, new) in changed.items()}
+        if reshaping:
+            # epochs last: "epochs changed from 1 to 3: the learning-rate schedule now spans ..."
+            reshaping.sort(key=lambda name: name == "epochs")
+            batch = bool({"global_batch_size", "accumulate_steps"} & set(reshaping))
+            self.rebuild_schedule(chosen, ", ".join(said[name] for name in reshaping), batch)
         else:
-            self.rebuild_schedule(state["config"]["epochs"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        others = [said[name] for name in changed if name not in reshaping]
+        if others:
+            self.log.warning(f"{', '.join(others)}: in effect from here on")
+        if {"best_metric", "best_mode"} & changed.keys():
+            self.best = None  # found again from the run's rows (resume), by the new measure
 
     def epoch_so_far(self) -> dict:
         """This rank's part of the unfinished epoch's row: its training sums, gradient norms and seconds."""
@@ -176,20 +219,31 @@ class Resumable:
         self.grad_norms = [norm.to(self.devices[-1]) for norm in own["grad_norms"]]
         self.seconds = own["seconds"]
 
-    def rebuild_schedule(self, trained_for: int) -> None:
-        """A resume with another --epochs rebuilds the recipe's schedule for the new length, and says so."""
-        for group in self.optimizer.param_groups:
+    def rebuild_schedule(self, chosen: list[dict], why: str, batch_changed: bool) -> None:
+        """A resume with settings that shape the schedule (epochs, the batch, lr or another recipe setting): the
+        optimizer takes this run's hyperparameters, and the recipe's schedule is built for this run's length and
+        stepped to where the samples trained so far place it, so it ends on its last step with the run."""
+        for group, hyperparameters in zip(self.optimizer.param_groups, chosen):
+            group.update(hyperparameters)
             group["lr"] = group["initial_lr"]
         self.scheduler = self.recipe.schedule(self.optimizer, self.config, self.total_steps)
         with warnings.catch_warnings():  # stepping the schedule to where training stands, without training
             warnings.simplefilter("ignore")
-            for _ in range(min(self.global_step, self.total_steps)):
+            for _ in range(min(self.schedule_position, self.total_steps)):
                 self.scheduler.step()
+        steps = f"{self.total_steps} steps"
+        if batch_changed:
+            steps += f" of {self.config.global_batch_size} samples"
         self.log.warning(
-            f"epochs changed from {trained_for} to {self.config.epochs}: the learning-rate schedule now spans "
-            f"{self.config.epochs} epochs ({self.total_steps} steps) and continues at step {self.global_step} "
-            f"with lr {self.optimizer.param_groups[0]['lr']:.6g}"
+            f"{why}: the learning-rate schedule now spans {self.config.epochs} epochs ({steps}) and continues at "
+            f"step {self.schedule_position} with lr {self.optimizer.param_groups[0]['lr']:.6g}"
         )
+
+    @property
+    def schedule_position(self) -> int:
+        """The schedule's steps that the samples trained so far make, in this run's batch: the global step, unless
+        a resume changed the batch (global_step counts the steps taken, and names the checkpoints)."""
+        return self.epoch * self.steps_per_epoch + self.step_in_epoch
 
     def resume(self) -> None:
         """Rank 0 decides the run's identity and the checkpoint (setting damaged ones aside); all ranks load it."""
@@ -209,6 +263,9 @@ class Resumable:
             return
         self.load_state(state or checkpoint.load(Path(picked[0])))
         self.rows, self.resumed = picked[2], True
+        if self.best is None:  # best_metric or best_mode changed, or an earlier version's checkpoint
+            for row in self.rows:
+                self.track_best(row)
         if self.info.rank == 0:  # rows of epochs after the checkpoint go: those epochs are trained again
             lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows))
             if lost:

@@ -68,13 +68,12 @@ class Trainer(Resumable, EpochRecords):
         self.resume()
         if self.info.rank == 0:
             records.write_run_record(
-                self.output_dir, self.run_id, self.info.world_size, restart_count(), vars(self.config)
+                self.output_dir, self.run_id, self.info.world_size, restart_count(), vars(self.config), self.global_step
             )
             for line in records.start_lines(self.run_id, self.config, self.info.world_size):
                 self.log.info(line)
-        progress = (
-            progress_bar(self.total_steps, self.global_step) if self.info.rank == 0 and self.config.progress else None
-        )
+        drawn = self.info.rank == 0 and self.config.progress
+        progress = progress_bar(self.total_steps, self.schedule_position) if drawn else None
         try:
             for epoch in range(self.epoch, self.config.epochs):
                 stop = self.early_stop_reason()
