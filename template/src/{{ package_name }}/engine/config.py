@@ -54,6 +54,22 @@ def momentum_range(value: float) -> str | None:
     return None if 0 <= value < 1 else f"must be at least 0 and below 1, got {value}"
 
 
+def a_folder(value: str) -> str | None:
+    return None if value.strip() else f"must name a folder, got {value!r}; use one such as --output-dir outputs"
+
+
+def a_number(check: Callable, whole: bool = False) -> Callable[[object], str | None]:
+    """`check`, for a [recipe] value that TOML may have given any type: first that it is a number (an integer)."""
+
+    def checked(value) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+            kind = "an integer" if whole else "a number"
+            return f"must be {kind}, got {value!r}; set it to {kind} in [recipe] of the config file"
+        return check(value)
+
+    return checked
+
+
 def setting(help: str, check: Callable | None = None, choices: tuple = (), aliases: tuple = ()):
     """One setting: its meaning (shown by --help), its range check and its choices, declared once."""
     return field(metadata={"help": help, "check": check, "choices": choices, "aliases": aliases})
@@ -79,7 +95,7 @@ class Config:
     num_workers: int = setting("DataLoader worker processes per rank (spawned, started once per run)", at_least(0))
     checkpoint_every: int = setting("steps between checkpoints (0: at the end of each epoch)", at_least(0))
     keep_checkpoints: int = setting("how many of this run's newest checkpoints to keep", at_least(1))
-    output_dir: str = setting("folder for checkpoints, logs, metrics.csv and model.pt")
+    output_dir: str = setting("folder for checkpoints, logs, metrics.csv and model.pt", a_folder)
     resume: str = setting("auto (newest good checkpoint in output_dir), none, or a checkpoint path")
     overwrite: bool = setting("let a new run replace what another run left in output_dir")
     best_metric: str = setting("metrics.csv column that picks best.pt: val_loss or val_<the recipe's metric>")
@@ -160,9 +176,9 @@ class Config:
             if reason:
                 found.append(f"{setting_field.name} {reason}")
         for name, check in RECIPE_CHECKS.items():
-            value = self.settings.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and check(value):
-                found.append(f"{name} {check(value)}")
+            reason = check(self.settings[name]) if name in self.settings else None
+            if reason:
+                found.append(f"{name} {reason}")
         if found:
             return found  # the rules below assume every value is in range
         if self.node_rank >= self.nnodes:
@@ -186,7 +202,11 @@ SETTINGS = [f for f in dataclasses.fields(Config) if f.name not in ("environment
 SETTING_NAMES = [f.name for f in SETTINGS]
 # The ranges of the toy recipe's settings, checked with the engine's before any rank starts; a [recipe]
 # setting of yours with one of these names means the same thing and is held to the same range.
-RECIPE_CHECKS = {"lr": positive_finite, "momentum": momentum_range, "samples": at_least(1)}
+RECIPE_CHECKS = {
+    "lr": a_number(positive_finite),
+    "momentum": a_number(momentum_range),
+    "samples": a_number(at_least(1), whole=True),
+}
 # They were [train] settings before [recipe] existed. A train.toml of that time (a project not updated yet,
 # or an update that kept the user's file as it was) still trains: they are read as [recipe] settings.
 MOVED_TO_RECIPE = ("lr", "momentum", "samples")
