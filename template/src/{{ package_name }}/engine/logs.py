@@ -55,6 +55,8 @@ def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
         to_console = AboveTheBar(sys.stdout)
         to_console.setFormatter(logging.Formatter("%(message)s"))
         to_console.setLevel(logging.INFO)
+        # A traceback goes to the file only: the console gets the launcher's one line, which names the file.
+        to_console.addFilter(lambda record: not record.exc_info)
         logger.addHandler(to_console)
     return logger
 

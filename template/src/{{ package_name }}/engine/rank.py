@@ -21,8 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import PACKAGE, checkpoint, loaders, records, state
 from .config import Config
-from .files import write_text_durably
-from .logs import rank_logger
+from .files import WriteError, write_text_durably
+from .logs import rank_logger, shown_path
 from .process_group import (
     LaunchError,
     RankInfo,
@@ -61,6 +61,19 @@ def where(error: BaseException) -> str:
         return message
     code = f" ({frames[-1].line})" if frames[-1].line else ""
     return f"{frames[-1].filename}:{frames[-1].lineno}: {message}{code}"
+
+
+def in_the_recipe(error: BaseException) -> str:
+    """`src/pkg/recipe.py:47 in optimizer(): TypeError: ...`: the innermost frame of the user's code (not the
+    engine's, torch's or Python's), then the exception."""
+    libraries = (Path(__file__).parent, Path(torch.__file__).parents[1], Path(os.__file__).parent)
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [frame for frame in frames if not any(Path(frame.filename).is_relative_to(lib) for lib in libraries)]
+    message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    if not (own or frames):
+        return message
+    frame = (own or frames)[-1]
+    return f"{shown_path(frame.filename)}:{frame.lineno} in {frame.name}(): {message}"
 
 
 def load_recipe(name: str):
@@ -202,6 +215,11 @@ def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Tr
         )
     torch.manual_seed(config.seed)  # same initial weights on every rank
     model = recipe.model(config, devices)
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        raise LaunchError(
+            f"the model that model() in {shown_path(recipe.__file__)} returns has no trainable parameters (none with "
+            "requires_grad): there is nothing to train; leave at least one layer unfrozen"
+        )
     state.seed_everything(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
     single_gpu = len(devices) == 1 and devices[0].type == "cuda"  # a model over two devices has no device_ids
     wrapped = DistributedDataParallel(
@@ -295,14 +313,23 @@ def run_rank(config: Config, info: RankInfo) -> int:
             )
             log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
             return train(config, info, log)
-        except Exception:
-            log.exception("rank failed")
+        except Exception as error:
+            log.exception("rank failed")  # to the rank's log file
+            if isinstance(error, WriteError):  # a disk or permission problem: one line with its fix, no restart
+                raise LaunchError(str(error)) from None
             raise
 
 
 def train(config: Config, info: RankInfo, log) -> int:
     """Build the trainer and fit; the exit status. The trainer lives in here only: see in_the_group()."""
-    trainer = build_trainer(config, info, log)
+    try:
+        trainer = build_trainer(config, info, log)
+    except LaunchError:
+        raise
+    except Exception as error:  # the recipe's code, with this run's settings: retrying cannot help
+        log.exception("the recipe failed")  # to the rank's log file
+        log_file = shown_path(Path(config.output_dir) / "logs" / f"rank{info.rank}.log")
+        raise LaunchError(f"{in_the_recipe(error)} (details: {log_file})") from None
     listen_for_stop_requests()
     try:
         trainer.fit()
