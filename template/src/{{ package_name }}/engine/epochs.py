@@ -80,4 +80,5 @@ class EpochRecords:
         if improved:
             name = self.config.best_metric
             best = {"model": checkpoint.on_cpu(self.model.module.state_dict()), "epoch": row["epoch"], name: row[name]}
+            best.update(self.what_it_is())
             checkpoint.save_atomic(best, self.output_dir / "best.pt")

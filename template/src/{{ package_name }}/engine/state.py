@@ -149,9 +149,14 @@ class Resumable:
                 "num_replicas": self.info.world_size,
                 "position": self.step_in_epoch * self.samples_per_step,
             },
-            "config": {k: v for k, v in vars(self.config).items() if k != "environment"},
-            "versions": records.versions(),
+            **self.what_it_is(),
         }
+
+    def what_it_is(self) -> dict:
+        """Beside the weights in every checkpoint, best.pt and model.pt, as plain values: the settings, the recipe's
+        module and the versions. A script with the file alone rebuilds the model: recipe.model(Config(**config))."""
+        settings = {name: value for name, value in vars(self.config).items() if name != "environment"}
+        return {"config": settings, "recipe": self.config.recipe, "versions": records.versions()}
 
     def load_state(self, state: dict) -> None:
         self.model.module.load_state_dict(state["model"])

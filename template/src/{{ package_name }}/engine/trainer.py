@@ -86,9 +86,8 @@ class Trainer(Resumable, EpochRecords):
             if progress is not None:
                 progress.close()
         if self.info.rank == 0:
-            checkpoint.save_atomic(
-                {"model": checkpoint.on_cpu(self.model.module.state_dict())}, self.output_dir / "model.pt"
-            )
+            final = {"model": checkpoint.on_cpu(self.model.module.state_dict()), "epoch": self.epoch}
+            checkpoint.save_atomic({**final, **self.what_it_is()}, self.output_dir / "model.pt")
             self.log.info(f"done: {self.global_step} steps; model saved to {shown_path(self.output_dir / 'model.pt')}")
         dist.barrier()
 
