@@ -249,11 +249,19 @@ class Trainer(Resumable, EpochRecords):
         return int(flag.item())
 
     def stop_if_not_finite(self, loss_sum: float) -> None:
-        """Given the loss summed over all ranks: a NaN or inf on any rank made it NaN or inf."""
-        if self.config.stop_on_nonfinite_loss and not math.isfinite(loss_sum):
-            kept = checkpoint.existing(self.output_dir, self.run_id)
-            raise NonFiniteLoss(
-                f"the loss became {loss_sum} by step {self.global_step} (epoch {self.epoch + 1}); stopped without "
-                f"saving, the newest good checkpoint is {kept[0] if kept else 'none'}. Lower --lr, check the "
-                "data for NaN/inf, or set stop_on_nonfinite_loss = false to train on"
-            )
+        """Given the loss summed over all ranks: a NaN or inf on any rank made it NaN or inf. Every rank calls this
+        with the same sum, so all of them find the step where it first appeared."""
+        if not self.config.stop_on_nonfinite_loss or math.isfinite(loss_sum):
+            return
+        first = self.training.first_nonfinite
+        batch = torch.tensor(torch.iinfo(torch.int64).max, device=self.devices[-1]) if first is None else first.clone()
+        dist.all_reduce(batch, op=dist.ReduceOp.MIN)
+        step_in_epoch = int(batch.item()) // self.config.accumulate_steps
+        first_at = f", first at step {self.global_step - self.step_in_epoch + step_in_epoch + 1}"
+        kept = checkpoint.existing(self.output_dir, self.run_id)
+        newest = f"the newest good checkpoint is {kept[0]}" if kept else "no checkpoint was saved before it"
+        raise NonFiniteLoss(
+            f"the loss became {loss_sum} by step {self.global_step} (epoch {self.epoch + 1})"
+            f"{first_at if step_in_epoch < self.step_in_epoch else ''}; stopped without saving, and {newest}. "
+            "Lower --lr, check the data for NaN/inf, or set stop_on_nonfinite_loss = false to train on"
+        )
