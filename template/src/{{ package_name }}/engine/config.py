@@ -190,12 +190,39 @@ class Config:
                 f" x accumulate_steps={self.accumulate_steps}; use a multiple of {parts}"
             )
         if self.precision == "fp16" and self.device != "cuda":
-            found.append("precision=fp16 needs device=cuda; use precision=bf16 on the CPU")
+            cpu = "precision=bf16 on the CPU" if native_bf16() is not False else "precision=no on this CPU"
+            found.append(f"precision=fp16 needs device=cuda; use {cpu}")
         if self.backend == "nccl" and self.device != "cuda":
             found.append("backend=nccl needs device=cuda; use backend=gloo on the CPU")
         if self.master_addr.lower() == "localhost":
             found.append('master_addr "localhost" can resolve to IPv6 or a Docker hosts entry; use 127.0.0.1')
         return found
+
+
+# The CPU flags of bf16 in hardware (Linux's /proc/cpuinfo names): without them, autocast emulates bf16 on the CPU.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# An AVX2 CPU without them trained a small CNN at 15 samples/s in bf16, against 194 in fp32.
+EMULATED_BF16 = "bf16 has no hardware support on this CPU: ~13x slower; use --precision no"
+
+
+def native_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU does bf16 in hardware, from /proc/cpuinfo's flags (`cpuinfo`: its text); None: not known."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:  # not Linux
+            return None
+    lines = [line for line in cpuinfo.splitlines() if line.startswith("flags")]
+    flags = {flag for line in lines for flag in line.partition(":")[2].split()}
+    if not flags:  # another architecture's /proc/cpuinfo, without x86 flags
+        return None
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def precision_warning(config: Config) -> str | None:
+    """The one line a run on the CPU in bf16 gets where the CPU emulates it."""
+    emulated = config.device == "cpu" and config.precision == "bf16" and native_bf16() is False
+    return EMULATED_BF16 if emulated else None
 
 
 SETTINGS = [f for f in dataclasses.fields(Config) if f.name not in ("environment", "settings")]

@@ -162,11 +162,13 @@ def claim_output_dir(output_dir: Path, resume: str, overwrite: bool, resumed_run
     )
 
 
-def start_lines(run_id: str, config: Config, ranks: int) -> list[str]:
-    """The run's identity, how the global batch is made, and where its files go: two short lines."""
+def start_lines(run_id: str, config: Config, ranks: int, trained: int, dataset: int) -> list[str]:
+    """The run's identity, how the global batch is made, what an epoch trains when the training set does not divide
+    into whole steps (`trained` of `dataset` samples), and where its files go: short lines."""
     micro = config.accumulate_steps
-    return [
+    batch = (
         f"run {run_id}: global batch {config.global_batch_size} = {ranks} rank{plural(ranks)} x "
-        f"{micro} micro-batch{plural(micro, 'es')} x {config.micro_batch}",
-        f"output in {shown_path(config.output_dir)}",
-    ]
+        f"{micro} micro-batch{plural(micro, 'es')} x {config.micro_batch}"
+    )
+    epoch = f"{trained} of {dataset} samples an epoch (the rest rotate in as the order reshuffles)"
+    return [batch, *([epoch] if trained < dataset else []), f"output in {shown_path(config.output_dir)}"]

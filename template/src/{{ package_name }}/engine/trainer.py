@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, records
-from .config import Config
+from .config import Config, precision_warning
 from .epochs import EpochRecords
 from .loaders import batches_of, map_tensors, order_of, samples_in, to_device
 from .logs import progress_bar, shown_path
@@ -70,8 +70,12 @@ class Trainer(Resumable, EpochRecords):
             records.write_run_record(
                 self.output_dir, self.run_id, self.info.world_size, restart_count(), vars(self.config), self.global_step
             )
-            for line in records.start_lines(self.run_id, self.config, self.info.world_size):
+            trained = self.steps_per_epoch * self.config.global_batch_size  # of the training set: whole steps only
+            dataset = len(order_of(self.train_data).dataset)
+            for line in records.start_lines(self.run_id, self.config, self.info.world_size, trained, dataset):
                 self.log.info(line)
+            if warning := precision_warning(self.config):
+                self.log.warning(warning)
         drawn = self.info.rank == 0 and self.config.progress
         progress = progress_bar(self.total_steps, self.schedule_position) if drawn else None
         try:
