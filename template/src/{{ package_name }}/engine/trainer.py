@@ -19,7 +19,7 @@ from . import checkpoint, records
 from .config import Config, precision_warning
 from .epochs import EpochRecords
 from .loaders import batches_of, map_tensors, order_of, samples_in, to_device
-from .logs import progress_bar, shown_path
+from .logs import progress_bar, show_training, shown_path
 from .process_group import LaunchError, RankInfo, devices_for, restart_count
 from .state import Resumable
 from .stopping import STOP_CHECK_EVERY, StopRequested, received
@@ -96,6 +96,7 @@ class Trainer(Resumable, EpochRecords):
         dist.barrier()
 
     def run_epoch(self, epoch: int, progress) -> None:
+        show_training(progress, epoch + 1, self.config.epochs, self.rows[-1] if self.rows else None)
         order = order_of(self.train_data)
         order.set_epoch(epoch)
         order.skip = self.step_in_epoch * self.samples_per_step  # resumed mid-epoch: skip what was trained on
