@@ -241,14 +241,20 @@ def _torch_load(path: Path) -> dict:
         ) from None
 
 
-def saved_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
-    """The shape of every model tensor in a checkpoint, read without reading the tensors (None: it does not load).
+def what_it_resumes(path: Path) -> dict | None:
+    """What a resume from a checkpoint must agree with, read without reading the tensors (None: it does not load):
+    the shape of every model tensor, the settings and where in its epoch it stopped.
 
     The file is mapped, not read, and unmapped before this returns (a mapped file could not be renamed on Windows).
     """
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        return {name: tuple(tensor.shape) for name, tensor in state["model"].items()}
+        return {
+            "shapes": {name: tuple(tensor.shape) for name, tensor in state["model"].items()},
+            "config": dict(state.get("config", {})),
+            "epoch": int(state["epoch"]),
+            "step_in_epoch": int(state["step_in_epoch"]),
+        }
     except Exception:  # damaged or not a checkpoint: load_newest_good reports it and sets it aside
         return None
 

@@ -54,6 +54,22 @@ def momentum_range(value: float) -> str | None:
     return None if 0 <= value < 1 else f"must be at least 0 and below 1, got {value}"
 
 
+def a_folder(value: str) -> str | None:
+    return None if value.strip() else f"must name a folder, got {value!r}; use one such as --output-dir outputs"
+
+
+def a_number(check: Callable, whole: bool = False) -> Callable[[object], str | None]:
+    """`check`, for a [recipe] value that TOML may have given any type: first that it is a number (an integer)."""
+
+    def checked(value) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+            kind = "an integer" if whole else "a number"
+            return f"must be {kind}, got {value!r}; set it to {kind} in [recipe] of the config file"
+        return check(value)
+
+    return checked
+
+
 def setting(help: str, check: Callable | None = None, choices: tuple = (), aliases: tuple = ()):
     """One setting: its meaning (shown by --help), its range check and its choices, declared once."""
     return field(metadata={"help": help, "check": check, "choices": choices, "aliases": aliases})
@@ -79,7 +95,7 @@ class Config:
     num_workers: int = setting("DataLoader worker processes per rank (spawned, started once per run)", at_least(0))
     checkpoint_every: int = setting("steps between checkpoints (0: at the end of each epoch)", at_least(0))
     keep_checkpoints: int = setting("how many of this run's newest checkpoints to keep", at_least(1))
-    output_dir: str = setting("folder for checkpoints, logs, metrics.csv and model.pt")
+    output_dir: str = setting("folder for checkpoints, logs, metrics.csv and model.pt", a_folder)
     resume: str = setting("auto (newest good checkpoint in output_dir), none, or a checkpoint path")
     overwrite: bool = setting("let a new run replace what another run left in output_dir")
     best_metric: str = setting("metrics.csv column that picks best.pt: val_loss or val_<the recipe's metric>")
@@ -160,9 +176,9 @@ class Config:
             if reason:
                 found.append(f"{setting_field.name} {reason}")
         for name, check in RECIPE_CHECKS.items():
-            value = self.settings.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and check(value):
-                found.append(f"{name} {check(value)}")
+            reason = check(self.settings[name]) if name in self.settings else None
+            if reason:
+                found.append(f"{name} {reason}")
         if found:
             return found  # the rules below assume every value is in range
         if self.node_rank >= self.nnodes:
@@ -174,7 +190,8 @@ class Config:
                 f" x accumulate_steps={self.accumulate_steps}; use a multiple of {parts}"
             )
         if self.precision == "fp16" and self.device != "cuda":
-            found.append("precision=fp16 needs device=cuda; use precision=bf16 on the CPU")
+            cpu = "precision=bf16 on the CPU" if native_bf16() is not False else "precision=no on this CPU"
+            found.append(f"precision=fp16 needs device=cuda; use {cpu}")
         if self.backend == "nccl" and self.device != "cuda":
             found.append("backend=nccl needs device=cuda; use backend=gloo on the CPU")
         if self.master_addr.lower() == "localhost":
@@ -182,11 +199,41 @@ class Config:
         return found
 
 
+# The CPU flags of bf16 in hardware (Linux's /proc/cpuinfo names): without them, autocast emulates bf16 on the CPU.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# An AVX2 CPU without them trained a small CNN at 15 samples/s in bf16, against 194 in fp32.
+EMULATED_BF16 = "bf16 has no hardware support on this CPU: ~13x slower; use --precision no"
+
+
+def native_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this CPU does bf16 in hardware, from /proc/cpuinfo's flags (`cpuinfo`: its text); None: not known."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:  # not Linux
+            return None
+    lines = [line for line in cpuinfo.splitlines() if line.startswith("flags")]
+    flags = {flag for line in lines for flag in line.partition(":")[2].split()}
+    if not flags:  # another architecture's /proc/cpuinfo, without x86 flags
+        return None
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def precision_warning(config: Config) -> str | None:
+    """The one line a run on the CPU in bf16 gets where the CPU emulates it."""
+    emulated = config.device == "cpu" and config.precision == "bf16" and native_bf16() is False
+    return EMULATED_BF16 if emulated else None
+
+
 SETTINGS = [f for f in dataclasses.fields(Config) if f.name not in ("environment", "settings")]
 SETTING_NAMES = [f.name for f in SETTINGS]
 # The ranges of the toy recipe's settings, checked with the engine's before any rank starts; a [recipe]
 # setting of yours with one of these names means the same thing and is held to the same range.
-RECIPE_CHECKS = {"lr": positive_finite, "momentum": momentum_range, "samples": at_least(1)}
+RECIPE_CHECKS = {
+    "lr": a_number(positive_finite),
+    "momentum": a_number(momentum_range),
+    "samples": a_number(at_least(1), whole=True),
+}
 # They were [train] settings before [recipe] existed. A train.toml of that time (a project not updated yet,
 # or an update that kept the user's file as it was) still trains: they are read as [recipe] settings.
 MOVED_TO_RECIPE = ("lr", "momentum", "samples")

@@ -18,17 +18,19 @@ class EpochRecords:
     """The Trainer's end of an epoch, on every rank (track_best, early_stop_reason) or rank 0 (record_epoch)."""
 
     def epoch_row(self, trained: dict, seen: float, validated: dict, val_seen: float, seconds: float) -> dict:
-        """The epoch's metrics.csv row: training means, validation metrics, lr, grad_norm, speed."""
+        """The epoch's metrics.csv row: training means, validation metrics, lr, grad_norm, speed.
+
+        Values keep every digit of their float64: `evaluate` on the saved weights gives the same number.
+        """
         row = {"epoch": self.epoch, "step": self.global_step}
         for name, total in trained.items():
-            row[name] = round(float(total) / max(seen, 1), 6 if name == "loss" else 4)
+            row[name] = float(total) / max(seen, 1)
         for name, value in validation_metrics(self.recipe, validated, val_seen).items():
-            row[f"val_{name}"] = round(float(value), 6 if name == "loss" else 4)
-        row["lr"] = f"{self.scheduler.get_last_lr()[0]:.6g}"
+            row[f"val_{name}"] = float(value)
+        row["lr"] = float(self.scheduler.get_last_lr()[0])
         if self.grad_norms:
-            norms = torch.stack(self.grad_norms).double()
-            row["grad_norm"] = round(float(norms[norms.isfinite()].mean()), 6)  # fp16 overflow steps are skipped
-            self.grad_norms = []
+            norms = torch.stack([norm.double().cpu() for norm in self.grad_norms])
+            row["grad_norm"] = float(norms[norms.isfinite()].mean())  # fp16 overflow steps are skipped
         row["samples_per_s"] = round(seen / seconds, 1) if seconds > 0 else math.inf
         row["resumed"] = int(self.resumed)
         return row
@@ -41,7 +43,7 @@ class EpochRecords:
             raise LaunchError(
                 f"best_metric {name!r} is not a metrics.csv column; this recipe's columns are {', '.join(columns)}"
             )
-        value, sign = row[name], 1 if self.config.best_mode == "min" else -1
+        value, sign = float(row[name]), 1 if self.config.best_mode == "min" else -1  # text: an earlier file's row
         if self.best is None or sign * value < sign * self.best[0]:
             self.best = (value, row["epoch"])
             return True
@@ -70,10 +72,13 @@ class EpochRecords:
         """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy) and best.pt."""
         self.log.info(epoch_line(row, self.config.epochs))
         show_epoch(progress, row, self.config.epochs)
-        records.append_metrics(self.output_dir / records.METRICS, row)
+        lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows) - 1)
+        if lost:
+            self.log.warning(lost)
         if self.config.tensorboard:
             scalars.write(self.output_dir, row)
         if improved:
             name = self.config.best_metric
             best = {"model": checkpoint.on_cpu(self.model.module.state_dict()), "epoch": row["epoch"], name: row[name]}
+            best.update(self.what_it_is())
             checkpoint.save_atomic(best, self.output_dir / "best.pt")

@@ -39,9 +39,9 @@ class WriteError(OSError):
 def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Write `path` through a temporary file: write(handle), flush, fsync, replace, fsync the folder."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb") as handle:
             write(handle)
             handle.flush()
@@ -55,8 +55,32 @@ def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
                 f"no space left on device while writing {path}: free space on that disk, or set output_dir to "
                 "a folder on another one, then resume (--resume auto). Earlier checkpoints are intact."
             ) from error
+        refused = isinstance(error, OSError) and cannot_write(error)
+        if refused:
+            raise WriteError(f"{refused} while writing {path}: {refused_fix(error, path)}") from error
         raise
     sync_folder(path.parent)
+
+
+# What the operating system refused a write for, and its number (errno; winerror 206: a path too long on Windows).
+REFUSALS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+            errno.EROFS: "the file system is read-only", errno.ENAMETOOLONG: "the path is too long"}  # fmt: skip
+
+
+def cannot_write(error: OSError) -> str | None:
+    if getattr(error, "winerror", None) == 206:
+        return REFUSALS[errno.ENAMETOOLONG]
+    return None if is_transient_lock(error) else REFUSALS.get(error.errno)
+
+
+def refused_fix(error: OSError, path: Path) -> str:
+    then = "then resume (--resume auto). Earlier checkpoints are intact."
+    if cannot_write(error) == REFUSALS[errno.ENAMETOOLONG]:
+        return f"set output_dir to a shorter path (such as C:\\runs on Windows), {then}"
+    return (
+        f"make {path.parent} writable (on Linux also: lsattr, chattr -i), or set output_dir to a folder you can "
+        f"write, {then}"
+    )
 
 
 def disk_full(error: Exception, folder: Path) -> bool:

@@ -55,6 +55,8 @@ def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
         to_console = AboveTheBar(sys.stdout)
         to_console.setFormatter(logging.Formatter("%(message)s"))
         to_console.setLevel(logging.INFO)
+        # A traceback goes to the file only: the console gets the launcher's one line, which names the file.
+        to_console.addFilter(lambda record: not record.exc_info)
         logger.addHandler(to_console)
     return logger
 
@@ -137,8 +139,19 @@ def progress_bar(total: int, done: int) -> tqdm | None:
     return tqdm(total=total, initial=done, unit="step", dynamic_ncols=True, bar_format=BAR_FORMAT, file=sys.stdout)
 
 
+def show_training(progress: tqdm | None, epoch: int, epochs: int, finished: dict | None) -> None:
+    """The bar's postfix as an epoch starts: the epoch being trained, then the last finished one's loss, labelled
+    with its epoch (`training epoch 4/5; epoch 3: loss 0.5818`; cut from the right when too long)."""
+    if progress is None:
+        return
+    last = ""
+    if finished and "loss" in finished:
+        last = f"; epoch {finished['epoch']}: loss {number(float(finished['loss']))}"
+    progress.set_postfix_str(f"training epoch {epoch}/{epochs}{last}")
+
+
 def show_epoch(progress: tqdm | None, row: dict, epochs: int) -> None:
-    """The bar's postfix after an epoch: where it stands and the loss; more values when the window is wide."""
+    """The bar's postfix after an epoch: the epoch and its loss; more values when the window is wide."""
     if progress is None:
         return
     fields = f"loss {number(row['loss'])}, epoch {row['epoch']}/{epochs}"  # cut from the right when too long

@@ -21,8 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import PACKAGE, checkpoint, loaders, records, state
 from .config import Config
-from .files import write_text_durably
-from .logs import rank_logger
+from .files import WriteError, write_text_durably
+from .logs import rank_logger, shown_path
 from .process_group import (
     LaunchError,
     RankInfo,
@@ -61,6 +61,19 @@ def where(error: BaseException) -> str:
         return message
     code = f" ({frames[-1].line})" if frames[-1].line else ""
     return f"{frames[-1].filename}:{frames[-1].lineno}: {message}{code}"
+
+
+def in_the_recipe(error: BaseException) -> str:
+    """`src/pkg/recipe.py:47 in optimizer(): TypeError: ...`: the innermost frame of the user's code (not the
+    engine's, torch's or Python's), then the exception."""
+    libraries = (Path(__file__).parent, Path(torch.__file__).parents[1], Path(os.__file__).parent)
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [frame for frame in frames if not any(Path(frame.filename).is_relative_to(lib) for lib in libraries)]
+    message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    if not (own or frames):
+        return message
+    frame = (own or frames)[-1]
+    return f"{shown_path(frame.filename)}:{frame.lineno} in {frame.name}(): {message}"
 
 
 def load_recipe(name: str):
@@ -130,13 +143,14 @@ def refusal(config: Config, info: RankInfo) -> str | None:
             resumed_run = checkpoint.load(Path(config.resume)).get("run_id")
         except checkpoint.CheckpointError as error:
             return str(error)
-    return unfit_checkpoint(config, info) or records.claim_output_dir(
+    return unresumable(config, info) or records.claim_output_dir(
         Path(config.output_dir), config.resume, config.overwrite, resumed_run
     )
 
 
-def unfit_checkpoint(config: Config, info: RankInfo) -> str | None:
-    """Why the checkpoint this run would continue from cannot load into the recipe's model (model.py changed).
+def unresumable(config: Config, info: RankInfo) -> str | None:
+    """Why this run cannot continue from the checkpoint it would resume: another seed, a batch changed mid-epoch, a
+    model that does not fit it (model.py or a shape setting changed). docs/checkpoints.md has what a resume changes.
 
     Checked before anything is written, by building the model once more on rank 0, only when there is a
     checkpoint to continue from; the random streams are left as they were.
@@ -149,20 +163,38 @@ def unfit_checkpoint(config: Config, info: RankInfo) -> str | None:
     else:
         paths = [Path(config.resume)]
     for path in paths:  # the first that loads: the trainer reports damaged ones and sets them aside
-        saved = checkpoint.saved_shapes(path)
+        saved = checkpoint.what_it_resumes(path)
         if saved is not None:
             break
     else:
         return None
+    new_run = "--resume none with a new --output-dir"
+    trained = saved["config"]
+    if trained.get("seed", config.seed) != config.seed:
+        return (
+            f"checkpoint {path} was trained with seed {trained['seed']} and this run sets seed {config.seed}: a "
+            "resume keeps the seed that made its weights, data order and random streams; nothing was changed. "
+            f"Resume with --seed {trained['seed']}, or train seed {config.seed} as a new run: {new_run}"
+        )
+    batch = [name for name in ("global_batch_size", "accumulate_steps") if trained.get(name, getattr(config, name)) !=
+             getattr(config, name)]  # fmt: skip
+    if batch and saved["step_in_epoch"]:
+        was = ", ".join(f"{name} = {trained[name]}" for name in batch)
+        return (
+            f"checkpoint {path} stopped in epoch {saved['epoch'] + 1}, at its step {saved['step_in_epoch'] + 1}, and "
+            f"this run changes {' and '.join(batch)}: a batch changes only between epochs; nothing was changed. "
+            "Resume from a checkpoint saved at an epoch's end (--resume PATH; checkpoint_every = 0 saves only "
+            f"those), or keep {was} for this run"
+        )
     with torch.random.fork_rng(devices=[]):
         model = importlib.import_module(config.recipe).model(config, devices_for(config, info.local_rank))
-    problem = checkpoint.misfit({name: tuple(value.shape) for name, value in model.state_dict().items()}, saved)
+    problem = checkpoint.misfit({name: tuple(value.shape) for name, value in model.state_dict().items()},
+                                saved["shapes"])  # fmt: skip
     if problem is None:
         return None
     return (
         f"checkpoint {path} does not fit the model: {problem}; nothing was changed. To train this model, start a "
-        f"new run: --resume none with a new --output-dir, or --resume none --overwrite to replace the run in "
-        f"{output_dir}"
+        f"new run: {new_run}, or --resume none --overwrite to replace the run in {output_dir}"
     )
 
 
@@ -183,6 +215,11 @@ def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Tr
         )
     torch.manual_seed(config.seed)  # same initial weights on every rank
     model = recipe.model(config, devices)
+    if not any(parameter.requires_grad for parameter in model.parameters()):
+        raise LaunchError(
+            f"the model that model() in {shown_path(recipe.__file__)} returns has no trainable parameters (none with "
+            "requires_grad): there is nothing to train; leave at least one layer unfrozen"
+        )
     state.seed_everything(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
     single_gpu = len(devices) == 1 and devices[0].type == "cuda"  # a model over two devices has no device_ids
     wrapped = DistributedDataParallel(
@@ -276,14 +313,23 @@ def run_rank(config: Config, info: RankInfo) -> int:
             )
             log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
             return train(config, info, log)
-        except Exception:
-            log.exception("rank failed")
+        except Exception as error:
+            log.exception("rank failed")  # to the rank's log file
+            if isinstance(error, WriteError):  # a disk or permission problem: one line with its fix, no restart
+                raise LaunchError(str(error)) from None
             raise
 
 
 def train(config: Config, info: RankInfo, log) -> int:
     """Build the trainer and fit; the exit status. The trainer lives in here only: see in_the_group()."""
-    trainer = build_trainer(config, info, log)
+    try:
+        trainer = build_trainer(config, info, log)
+    except LaunchError:
+        raise
+    except Exception as error:  # the recipe's code, with this run's settings: retrying cannot help
+        log.exception("the recipe failed")  # to the rank's log file
+        log_file = shown_path(Path(config.output_dir) / "logs" / f"rank{info.rank}.log")
+        raise LaunchError(f"{in_the_recipe(error)} (details: {log_file})") from None
     listen_for_stop_requests()
     try:
         trainer.fit()

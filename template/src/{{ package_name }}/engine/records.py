@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import json
 import platform
@@ -41,8 +42,17 @@ def git_commit() -> str | None:
     return found.stdout.strip() if found.returncode == 0 else None
 
 
-def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: int, config: dict) -> None:
+def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: int, config: dict, step: int) -> None:
+    """run.json: the run's identity, versions and settings (this start's), and under "segments" each start of the
+    run with the step it began at and the settings it trained under (a resume may change some)."""
     answers_file = PROJECT_ROOT / ".copier-answers.yml"
+    try:
+        earlier = json.loads((output_dir / RUN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        earlier = {}
+    segments = earlier.get("segments", []) if isinstance(earlier, dict) and earlier.get("run_id") == run_id else []
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    segment = {"started": started, "from_step": step, "world_size": world_size, "restart": restart, "config": config}
     record = {
         "run_id": run_id,
         "versions": versions(),
@@ -51,6 +61,7 @@ def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: in
         "restart": restart,
         "config": config,
         "answers": answers_file.read_text(encoding="utf-8") if answers_file.exists() else None,
+        "segments": [*segments, segment],
     }
     write_text_durably(output_dir / RUN_RECORD, json.dumps(record, indent=2, default=str))
     name_the_run(output_dir, run_id)  # a second launch into this folder is told which run holds it
@@ -80,22 +91,47 @@ def starting_point(resume: str, output_dir: Path, warn) -> tuple[Path | None, di
     return (*found, run_id) if found else (None, None, run_id)
 
 
-def append_metrics(path: Path, row: dict) -> None:
-    """Add one row; the whole (small) file is rewritten durably, so it is never left half-written.
+def metrics_text(rows: list[dict]) -> str:
+    """metrics.csv holding `rows`: a header of every column they have, in the order they first appear."""
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(name for row in rows for name in row))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n", restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue()
 
-    A last line without its newline (the file was cut: copied while written, or by a full disk elsewhere)
-    is dropped first, so the new row starts a line of its own instead of being glued onto a partial one.
-    A file written by an older version keeps its own columns, so every row stays under its header.
+
+def read_metrics(path: Path) -> list[dict]:
+    """The whole rows of a metrics.csv (a last line cut mid-way is left out); none when there is no file."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    return list(csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1])))
+
+
+def write_metrics(path: Path, rows: list[dict], held: int) -> str | None:
+    """Write the run's rows as metrics.csv, whole and durably; a warning when the file had lost rows.
+
+    The rows are the trainer's, kept in every checkpoint, never read back from the file: a file deleted, cut or
+    edited while the run wrote it is rewritten whole. `held`: how many of `rows` the file should hold already; it
+    may hold more after a resume (epochs trained after the checkpoint, which are trained again).
     """
-    text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
-    text = text[: text.rfind("\n") + 1]  # whole lines only; nothing at all when even the header was cut
-    columns = next(csv.reader([text.splitlines()[0]])) if text else list(row)
-    line = io.StringIO()
-    writer = csv.DictWriter(line, fieldnames=columns, lineterminator="\n", restval="", extrasaction="ignore")
-    if not text:
-        writer.writeheader()
-    writer.writerow(row)
-    write_text_durably(path, text + line.getvalue())
+    try:
+        before = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        before = ""
+    after = metrics_text(rows)
+    if after != before:
+        if rows:
+            write_text_durably(path, after)
+        else:
+            path.unlink(missing_ok=True)
+    if before.startswith(metrics_text(rows[:held])):
+        return None
+    return f"{METRICS} had lost rows while the run wrote it; rewritten with its {len(rows)} row{plural(len(rows))}"
 
 
 def claim_output_dir(output_dir: Path, resume: str, overwrite: bool, resumed_run: str | None) -> str | None:
@@ -126,11 +162,13 @@ def claim_output_dir(output_dir: Path, resume: str, overwrite: bool, resumed_run
     )
 
 
-def start_lines(run_id: str, config: Config, ranks: int) -> list[str]:
-    """The run's identity, how the global batch is made, and where its files go: two short lines."""
+def start_lines(run_id: str, config: Config, ranks: int, trained: int, dataset: int) -> list[str]:
+    """The run's identity, how the global batch is made, what an epoch trains when the training set does not divide
+    into whole steps (`trained` of `dataset` samples), and where its files go: short lines."""
     micro = config.accumulate_steps
-    return [
+    batch = (
         f"run {run_id}: global batch {config.global_batch_size} = {ranks} rank{plural(ranks)} x "
-        f"{micro} micro-batch{plural(micro, 'es')} x {config.micro_batch}",
-        f"output in {shown_path(config.output_dir)}",
-    ]
+        f"{micro} micro-batch{plural(micro, 'es')} x {config.micro_batch}"
+    )
+    epoch = f"{trained} of {dataset} samples an epoch (the rest rotate in as the order reshuffles)"
+    return [batch, *([epoch] if trained < dataset else []), f"output in {shown_path(config.output_dir)}"]

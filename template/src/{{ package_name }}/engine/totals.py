@@ -22,6 +22,8 @@ class Totals:
         self.folded: dict[str, torch.Tensor] = {}
         self.samples = torch.zeros((), dtype=torch.float64, device=device)
         self.waiting: list[tuple[int, dict, dict]] = []
+        self.batches = 0  # added so far, folded
+        self.first_nonfinite = None  # the first batch whose loss was NaN or infinite (a tensor: found without a sync)
 
     def add(self, samples: int, means: dict, sums: dict) -> None:
         self.waiting.append((samples, means, sums))
@@ -36,10 +38,30 @@ class Totals:
                 for name in self.waiting[0][position]:
                     values = stacked([batch[position][name] for batch in self.waiting], self.device)
                     total = values @ counts if weighted else values.sum(0)
+                    if weighted and name == "loss":
+                        self.note_nonfinite(values)
                     self.folded[name] = self.folded.get(name, 0) + total
             self.samples += counts.sum()
+            self.batches += len(self.waiting)
             self.waiting = []
         return self.folded
+
+    def note_nonfinite(self, losses: torch.Tensor) -> None:
+        bad = ~torch.isfinite(losses)
+        none = torch.tensor(torch.iinfo(torch.int64).max, device=losses.device)
+        first = torch.where(bad.any(), self.batches + bad.long().argmax(), none)
+        self.first_nonfinite = first if self.first_nonfinite is None else torch.minimum(self.first_nonfinite, first)
+
+    def state_dict(self) -> dict:
+        """The sums so far, folded, as CPU tensors: a checkpoint mid-epoch carries them, so the resumed epoch's row
+        is the uninterrupted one's (the same folds, in the same order)."""
+        sums = {name: value.cpu() for name, value in self.fold().items()}
+        return {"sums": sums, "samples": self.samples.cpu(), "batches": self.batches}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.folded = {name: value.to(self.device) for name, value in saved["sums"].items()}
+        self.samples, self.waiting = saved["samples"].to(self.device), []
+        self.batches = saved.get("batches", 0)
 
     def layout(self) -> list[tuple[str, tuple[int, ...]]]:
         return [(name, tuple(value.shape)) for name, value in self.fold().items()]

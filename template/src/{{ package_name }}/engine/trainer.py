@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, records
-from .config import Config
+from .config import Config, precision_warning
 from .epochs import EpochRecords
 from .loaders import batches_of, map_tensors, order_of, samples_in, to_device
-from .logs import progress_bar, shown_path
+from .logs import progress_bar, show_training, shown_path
 from .process_group import LaunchError, RankInfo, devices_for, restart_count
 from .state import Resumable
 from .stopping import STOP_CHECK_EVERY, StopRequested, received
@@ -56,20 +56,28 @@ class Trainer(Resumable, EpochRecords):
         self.custom_steps = hasattr(recipe, "training_step")  # a flag, not a bound method: no cycle keeps self alive
         self.validation_step = getattr(recipe, "validation_step", None)
         self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
-        self.grad_norms: list[torch.Tensor] = []  # this epoch's, before clipping (max_grad_norm > 0)
+        # The epoch so far (a checkpoint mid-epoch carries it): training sums, gradient norms before clipping
+        # (max_grad_norm > 0), seconds; and every finished epoch's metrics.csv row, the same on every rank.
+        self.training = Totals(self.devices[-1])
+        self.grad_norms: list[torch.Tensor] = []
+        self.seconds = 0.0
+        self.rows: list[dict] = []
         self.stop_vote = None  # (work, flag): the last mid-epoch stop check's all-reduce, still in flight
 
     def fit(self) -> None:
         self.resume()
         if self.info.rank == 0:
             records.write_run_record(
-                self.output_dir, self.run_id, self.info.world_size, restart_count(), vars(self.config)
+                self.output_dir, self.run_id, self.info.world_size, restart_count(), vars(self.config), self.global_step
             )
-            for line in records.start_lines(self.run_id, self.config, self.info.world_size):
+            trained = self.steps_per_epoch * self.config.global_batch_size  # of the training set: whole steps only
+            dataset = len(order_of(self.train_data).dataset)
+            for line in records.start_lines(self.run_id, self.config, self.info.world_size, trained, dataset):
                 self.log.info(line)
-        progress = (
-            progress_bar(self.total_steps, self.global_step) if self.info.rank == 0 and self.config.progress else None
-        )
+            if warning := precision_warning(self.config):
+                self.log.warning(warning)
+        drawn = self.info.rank == 0 and self.config.progress
+        progress = progress_bar(self.total_steps, self.schedule_position) if drawn else None
         try:
             for epoch in range(self.epoch, self.config.epochs):
                 stop = self.early_stop_reason()
@@ -82,19 +90,19 @@ class Trainer(Resumable, EpochRecords):
             if progress is not None:
                 progress.close()
         if self.info.rank == 0:
-            checkpoint.save_atomic(
-                {"model": checkpoint.on_cpu(self.model.module.state_dict())}, self.output_dir / "model.pt"
-            )
+            final = {"model": checkpoint.on_cpu(self.model.module.state_dict()), "epoch": self.epoch}
+            checkpoint.save_atomic({**final, **self.what_it_is()}, self.output_dir / "model.pt")
             self.log.info(f"done: {self.global_step} steps; model saved to {shown_path(self.output_dir / 'model.pt')}")
         dist.barrier()
 
     def run_epoch(self, epoch: int, progress) -> None:
+        show_training(progress, epoch + 1, self.config.epochs, self.rows[-1] if self.rows else None)
         order = order_of(self.train_data)
         order.set_epoch(epoch)
         order.skip = self.step_in_epoch * self.samples_per_step  # resumed mid-epoch: skip what was trained on
         batches = batches_of(self.train_data)
-        training, validation = Totals(self.devices[-1]), Totals(self.devices[-1])
-        started = time.perf_counter()
+        training, validation = self.training, Totals(self.devices[-1])
+        started = time.perf_counter() - self.seconds
         for step in range(self.step_in_epoch, self.steps_per_epoch):
             self.run_step(batches, training)
             if self.global_step == 0:
@@ -105,9 +113,9 @@ class Trainer(Resumable, EpochRecords):
             if step + 1 == self.steps_per_epoch:
                 break  # the epoch's end saves and checks for a stop: a checkpoint never ends an epoch half-done
             if self.config.checkpoint_every and self.global_step % self.config.checkpoint_every == 0:
-                self.save_mid_epoch(training)
+                self.save_mid_epoch(started)
             if self.global_step % STOP_CHECK_EVERY == 0 and (stop := self.stop_voted()):
-                self.save_mid_epoch(training)
+                self.save_mid_epoch(started)
                 raise StopRequested(self.stopped_at(stop), stop)
         seconds = time.perf_counter() - started
         self.validate(validation)
@@ -115,7 +123,8 @@ class Trainer(Resumable, EpochRecords):
         self.stop_if_not_finite(float(trained.get("loss", 0.0)))
         self.epoch, self.step_in_epoch = epoch + 1, 0
         row = self.epoch_row(trained, seen, validated, val_seen, seconds)
-        self.resumed = False
+        self.rows.append(row)
+        self.training, self.grad_norms, self.seconds, self.resumed = Totals(self.devices[-1]), [], 0.0, False
         improved = self.track_best(row)  # on every rank: the rows are equal, and early stopping needs it everywhere
         every = self.config.checkpoint_every
         stop = self.stop_agreed()
@@ -180,9 +189,11 @@ class Trainer(Resumable, EpochRecords):
 
     @torch.no_grad()
     def validate(self, totals: Totals) -> None:
-        """This rank's share of the validation set, every sample exactly once over all ranks."""
-        module = self.model.module  # no collectives: ranks may hold one sample more or less
-        module.eval()
+        """This rank's share of the validation set, every sample exactly once over all ranks, scored with the
+        weights and buffers rank 0 saves."""
+        module = self.model.module
+        self.take_rank_0_buffers(module)
+        module.eval()  # no collectives from here: ranks may hold one sample more or less
         step = self.custom_step if self.custom_steps else self.pair_step
         for batch in batches_of(self.val_data):
             with self.autocast():
@@ -193,6 +204,14 @@ class Trainer(Resumable, EpochRecords):
                     totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
 
+    @staticmethod
+    def take_rank_0_buffers(module) -> None:
+        """Rank 0's buffers (BatchNorm's running statistics) on every rank, as DDP would copy them at the next
+        training forward: after the last step each rank holds its own, updated by its own batches, while
+        checkpoints, best.pt and model.pt hold rank 0's. Training is unchanged; validation scores what is saved."""
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src=0)
+
     def evaluate(self) -> dict[str, float]:
         """The validation metrics of the model as it is, over all ranks (what each epoch's val_ columns hold)."""
         totals = Totals(self.devices[-1])
@@ -200,8 +219,9 @@ class Trainer(Resumable, EpochRecords):
         ((sums, samples),) = all_reduced([totals])
         return {"samples": samples, **validation_metrics(self.recipe, sums, samples)}
 
-    def save_mid_epoch(self, training: Totals) -> None:
-        so_far = training.fold().get("loss", torch.zeros((), dtype=torch.float64, device=self.devices[-1]))
+    def save_mid_epoch(self, started: float) -> None:
+        self.seconds = time.perf_counter() - started
+        so_far = self.training.fold().get("loss", torch.zeros((), dtype=torch.float64, device=self.devices[-1]))
         so_far = so_far.reshape(1).clone()
         dist.all_reduce(so_far, op=dist.ReduceOp.SUM)
         self.stop_if_not_finite(so_far.item())
@@ -234,11 +254,19 @@ class Trainer(Resumable, EpochRecords):
         return int(flag.item())
 
     def stop_if_not_finite(self, loss_sum: float) -> None:
-        """Given the loss summed over all ranks: a NaN or inf on any rank made it NaN or inf."""
-        if self.config.stop_on_nonfinite_loss and not math.isfinite(loss_sum):
-            kept = checkpoint.existing(self.output_dir, self.run_id)
-            raise NonFiniteLoss(
-                f"the loss became {loss_sum} by step {self.global_step} (epoch {self.epoch + 1}); stopped without "
-                f"saving, the newest good checkpoint is {kept[0] if kept else 'none'}. Lower --lr, check the "
-                "data for NaN/inf, or set stop_on_nonfinite_loss = false to train on"
-            )
+        """Given the loss summed over all ranks: a NaN or inf on any rank made it NaN or inf. Every rank calls this
+        with the same sum, so all of them find the step where it first appeared."""
+        if not self.config.stop_on_nonfinite_loss or math.isfinite(loss_sum):
+            return
+        first = self.training.first_nonfinite
+        batch = torch.tensor(torch.iinfo(torch.int64).max, device=self.devices[-1]) if first is None else first.clone()
+        dist.all_reduce(batch, op=dist.ReduceOp.MIN)
+        step_in_epoch = int(batch.item()) // self.config.accumulate_steps
+        first_at = f", first at step {self.global_step - self.step_in_epoch + step_in_epoch + 1}"
+        kept = checkpoint.existing(self.output_dir, self.run_id)
+        newest = f"the newest good checkpoint is {kept[0]}" if kept else "no checkpoint was saved before it"
+        raise NonFiniteLoss(
+            f"the loss became {loss_sum} by step {self.global_step} (epoch {self.epoch + 1})"
+            f"{first_at if step_in_epoch < self.step_in_epoch else ''}; stopped without saving, and {newest}. "
+            "Lower --lr, check the data for NaN/inf, or set stop_on_nonfinite_loss = false to train on"
+        )
