@@ -57,17 +57,9 @@ def state(devices: tuple[torch.device, ...]) -> dict:
 def cuda_states_for(saved, devices: tuple[torch.device, ...]) -> list[tuple[torch.device, torch.Tensor]]:
     """(device, state) pairs to restore: each saved role on this rank's device of that role.
 
-    A role this rank does not have (a split model resumed as plain DDP) is left at its seed. A checkpoint of an
-    older version holds a list by index, of every visible GPU; this rank's indices are taken from it when present.
+    A role this rank does not have (a split model resumed as plain DDP) is left at its seed.
     """
-    own = roles(devices)
-    if isinstance(saved, dict):
-        return [(device, saved[role]) for role, device in own.items() if role in saved]
-    found = []
-    for device in own.values():
-        if saved and device.index is not None and device.index < len(saved):
-            found.append((device, saved[device.index]))
-    return found
+    return [(device, saved[role]) for role, device in roles(devices).items() if role in (saved or {})]
 
 
 def set_state(saved: dict, devices: tuple[torch.device, ...]) -> None:
