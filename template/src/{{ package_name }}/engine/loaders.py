@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Mapping
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 from . import Batch
@@ -147,6 +147,13 @@ class KeyBatches(Sampler):
         return full + (rest > 0 and not self.drop_last)
 
 
+def fetches_whole_batches(dataset: Dataset) -> bool:
+    """Whether the dataset has a batched fetch (`__getitems__`) of its own: a Subset has one if what it holds does."""
+    if isinstance(dataset, Subset):
+        return fetches_whole_batches(dataset.dataset)
+    return callable(getattr(dataset, "__getitems__", None))
+
+
 class SampleSeeded(Dataset):
     """The recipe's dataset, fetched a batch at a time with each sample's random draws seeded (streams.py).
 
@@ -158,7 +165,7 @@ class SampleSeeded(Dataset):
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset, self.seed = dataset, seed
-        self.batched = callable(getattr(dataset, "__getitems__", None))
+        self.batched = fetches_whole_batches(dataset)
 
     def __len__(self) -> int:
         return len(self.dataset)
