@@ -25,6 +25,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def lr_schedule(recipe, optimizer: torch.optim.Optimizer, config, total_steps: int):
+    """The recipe's schedule(), an optional hook: without it the learning rate stays constant."""
+    if hasattr(recipe, "schedule"):
+        return recipe.schedule(optimizer, config, total_steps)
+    return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+
+
 def roles(devices: tuple[torch.device, ...]) -> dict[str, torch.device]:
     """This rank's CUDA devices by their role in the engine ("devices[0]" takes the inputs, "devices[-1]" the
     targets), not by index: the same role finds its device on a machine that numbers or counts GPUs otherwise."""
@@ -146,7 +153,7 @@ class Resumable:
         """A resume with another --epochs rebuilds the recipe's schedule for the new length, and says so."""
         for group in self.optimizer.param_groups:
             group["lr"] = group["initial_lr"]
-        self.scheduler = self.recipe.schedule(self.optimizer, self.config, self.total_steps)
+        self.scheduler = lr_schedule(self.recipe, self.optimizer, self.config, self.total_steps)
         with warnings.catch_warnings():  # stepping the schedule to where training stands, without training
             warnings.simplefilter("ignore")
             for _ in range(min(self.global_step, self.total_steps)):
