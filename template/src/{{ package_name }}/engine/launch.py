@@ -98,6 +98,10 @@ def die_with_the_launcher() -> None:
         while not launcher_gone():
             pass
         print(f"rank (pid {os.getpid()}) stopping: its launcher is gone", file=sys.stderr, flush=True)
+        if not WINDOWS and os.getpgid(0) == os.getpid():
+            # The group of its own that _spawned_rank made: its DataLoader workers end with it, where they would
+            # notice the lost rank only seconds later and print tracebacks into the console.
+            os.killpg(0, signal.SIGKILL)
         os._exit(1)  # from this thread only os._exit ends the rank: its main thread may wait in a collective
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
