@@ -26,7 +26,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from . import Batch
 from .process_group import process_context
-from .streams import sample_seed, seed_streams, streams_kept
+from .streams import WATCHED, sample_seed, seed_torch
 
 
 def collate(samples):
@@ -157,35 +157,66 @@ def fetches_whole_batches(dataset: Dataset) -> bool:
 class SampleSeeded(Dataset):
     """The recipe's dataset, fetched a batch at a time with each sample's random draws seeded (streams.py).
 
-    Keys come from KeyBatches as (epoch, [index, ...]); a dataset with `__getitems__` gets one seed per batch,
-    from its first sample. Validation batches come with epoch -1 (EveryNth): the same every epoch.
+    Keys come from KeyBatches as (epoch, [index, ...]); a dataset with `__getitems__` of its own gets one seed
+    per batch, from its first sample. Validation batches come with epoch -1 (EveryNth): the same every epoch.
     A rank without workers gets its own streams back after each batch, so its dropout stream is its own;
     a worker draws from them for the dataset alone. Only CPU streams are seeded: workers cannot use CUDA.
+
+    torch's stream is seeded for every sample; numpy's and Python's once the dataset is seen to draw from them
+    (streams.WATCHED): until then each batch compares their states before and after, and the first batch that
+    moves one is fetched again, with that stream put back and seeded from then on. So in each process (a rank,
+    or a worker) that one batch is fetched twice.
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
         self.dataset, self.seed = dataset, seed
         self.batched = fetches_whole_batches(dataset)
+        self.draws_from: set[str] = set()  # the names of the watched streams the dataset has drawn from
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitems__(self, keys: tuple[int, list]):
-        if get_worker_info() is not None:
+        own = get_worker_info() is None  # a rank's own streams, to give back; a worker's are the dataset's
+        torch_state = torch.get_rng_state() if own else None
+        before = {stream.name: stream.get() for stream in WATCHED if own or stream.name not in self.draws_from}
+        try:
+            samples = self.fetch(keys)
+            moved = [
+                stream
+                for stream in WATCHED
+                if stream.name not in self.draws_from and not stream.same(before[stream.name], stream.get())
+            ]
+            if not moved:
+                return samples
+            for stream in moved:  # drawn from unseeded: put back, and the batch again with it seeded
+                stream.put(before[stream.name])
+                self.draws_from.add(stream.name)
             return self.fetch(keys)
-        with streams_kept():
-            return self.fetch(keys)
+        finally:
+            if own:
+                torch.set_rng_state(torch_state)
+                for stream in WATCHED:
+                    if stream.name in self.draws_from:
+                        stream.put(before[stream.name])
 
     def fetch(self, keys: tuple[int, list]):
         epoch, indices = keys
+        seeded = [stream.seed for stream in WATCHED if stream.name in self.draws_from]
         if self.batched:
-            seed_streams(sample_seed(self.seed, epoch, indices[0]))
+            self.seed_draws(seeded, epoch, indices[0])
             return self.dataset.__getitems__(indices)
         samples = []
         for index in indices:
-            seed_streams(sample_seed(self.seed, epoch, index))
+            self.seed_draws(seeded, epoch, index)
             samples.append(self.dataset[index])
         return samples
+
+    def seed_draws(self, seeded: list, epoch: int, index: int) -> None:
+        seed = sample_seed(self.seed, epoch, index)
+        seed_torch(seed)
+        for seed_stream in seeded:
+            seed_stream(seed)
 
 
 def _loader(dataset: Dataset, batches: KeyBatches, workers: int, seed: int, rank: int, pin: bool):
