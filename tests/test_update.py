@@ -3,8 +3,7 @@
 The template's working tree is committed and tagged v1 in a temporary repository; a realistic
 change (a launcher line, a new file, a new default) becomes v2. Projects are generated at v1
 and updated to v2 as a user would. One scenario starts instead from this repository's own commit
-FLAT_LAYOUT, the last one before the engine moved into src/<package>/engine/, and updates to the
-working tree. Marked `update`: `nox -s update` runs these.
+MAIN_BEFORE, the main branch as projects were generated from it, and updates to the working tree. Marked `update`: `nox -s update` runs these.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from render import TEMPLATE, copy_template
 
 pytestmark = pytest.mark.update
 
-# main before the engine moved into src/<package>/engine/ (issue 29): every src/<package>/*.py side by side.
-FLAT_LAYOUT = "2215963df7548cf63075abe3effae93b99995c47"
+# main before the engine lost its compatibility code (issue 49): its src/<package>/config.py and loaders.py are gone.
+MAIN_BEFORE = "3d97003fb864871789a5d3ce06721bbfcf09eb10"
 
 
 def git(cwd: Path, *args: str) -> str:
@@ -239,20 +238,20 @@ def test_recopy_restores_a_deleted_template_file(versions, tmp_path):
 
 
 @pytest.fixture
-def flat_to_current(tmp_path) -> Path:
-    """A template repository whose v1 is this repository at FLAT_LAYOUT and whose v2 is the working tree.
+def main_to_current(tmp_path) -> Path:
+    """A template repository whose v1 is this repository at MAIN_BEFORE and whose v2 is the working tree.
 
     v1 is read with `git archive`, so the tags live only in the temporary repository: a tag in this one would
     change the version `copier copy` picks. CI's checkout has the history (fetch-depth: 0).
     """
-    archive = subprocess.run(["git", "archive", "--format=tar", FLAT_LAYOUT], cwd=TEMPLATE, capture_output=True)
-    assert archive.returncode == 0, f"needs this repository's history with {FLAT_LAYOUT}: {archive.stderr!r}"
+    archive = subprocess.run(["git", "archive", "--format=tar", MAIN_BEFORE], cwd=TEMPLATE, capture_output=True)
+    assert archive.returncode == 0, f"needs this repository's history with {MAIN_BEFORE}: {archive.stderr!r}"
     repo = tmp_path / "template-repo"
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as old:
         old.extractall(repo, filter="data")
     git(repo, "init", "-q")
     git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "flat layout")
+    git(repo, "commit", "-qm", "main before")
     git(repo, "tag", "v1")
     for part in ("copier.yml", "template", "includes", "docs"):  # every path copier reads, as the tree has them now
         shutil.rmtree(repo / part) if (repo / part).is_dir() else (repo / part).unlink()
@@ -263,10 +262,10 @@ def flat_to_current(tmp_path) -> Path:
     return repo
 
 
-def test_a_flat_layout_project_updates_to_the_current_layout_and_trains(flat_to_current, tmp_path):
-    project = generate(flat_to_current, tmp_path / "project", "v1")
+def test_a_project_from_main_with_its_own_recipe_updates_and_trains(main_to_current, tmp_path):
+    project = generate(main_to_current, tmp_path / "project", "v1")
     package = next((project / "src").glob("*/recipe.py")).parent
-    # The user's own recipe: the template's toy files edited in place, their imports (config, loaders) kept.
+    # The user's own recipe: the template's toy files edited in place, their imports kept.
     edits = {
         "recipe.py": [
             (
@@ -287,10 +286,10 @@ def test_a_flat_layout_project_updates_to_the_current_layout_and_trains(flat_to_
     mine = {name: (package / name).read_bytes() for name in edits}
 
     # What each version renders on its own, with the same answers.
-    old = tree(generate(flat_to_current, tmp_path / "old", "v1"))
-    new = tree(generate(flat_to_current, tmp_path / "new", "v2"))
+    old = tree(generate(main_to_current, tmp_path / "old", "v1"))
+    new = tree(generate(main_to_current, tmp_path / "new", "v2"))
     removed = old.keys() - new.keys()
-    assert removed, "v1 and v2 render the same files: FLAT_LAYOUT no longer names the layout before engine/"
+    assert {f"src/{package.name}/config.py", f"src/{package.name}/loaders.py"} <= removed, removed
 
     # As docs/updating.md says: from the project's folder, no --trust.
     result = subprocess.run(

@@ -5,7 +5,8 @@
 Run through `nox -s bench`, which renders the default project and installs it first. Writes
 .bench/results.json, .bench/results.md, and the three tables of docs/performance.md (`--only checkpoints`:
 the checkpoint table alone, from tests/bench/checkpoints.py; `--only same-work`: the engine against the
-same-work loop and what per-sample seeding costs a batch, tests/bench/sample_seeded.py).
+same-work loop and what per-sample seeding costs a batch, tests/bench/sample_seeded.py; `--only cnn`: a small
+CNN through the engine against the same work written as PyTorch's DDP tutorial writes it).
 """
 
 from __future__ import annotations
@@ -162,6 +163,37 @@ def same_work_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- 0. real work: a small CNN through the engine against the DDP tutorial's way (cnn_recipe.py, cnn_tutorial.py) --
+CNN_MARKERS = ("<!-- bench:cnn:start -->", "<!-- bench:cnn:end -->")
+CNN_SAMPLES = 4096  # 64 steps an epoch at the global batch of 64
+
+
+def engine_cnn_steps_per_s(project: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    return rendered_steps_per_s(project, "--recipe", "cnn_recipe", "--lr", "0.001", env=env, samples=CNN_SAMPLES)
+
+
+def tutorial_cnn_steps_per_s() -> float:
+    output = run([sys.executable, str(HERE / "cnn_tutorial.py"), "--batch", str(GLOBAL_BATCH), "--samples",
+                  str(CNN_SAMPLES), "--epochs", "4", "--port", str(free_port())])  # fmt: skip
+    return float(re.search(r"steps-per-s (\S+)", output).group(1))
+
+
+def cnn(project: Path, reps: int) -> dict:
+    return interleaved(reps, {"engine": lambda: engine_cnn_steps_per_s(project), "tutorial": tutorial_cnn_steps_per_s})
+
+
+def cnn_markdown(runs: dict) -> str:
+    ratios = [engine / tutorial for engine, tutorial in zip(runs["engine"], runs["tutorial"], strict=True)]
+    return "\n".join([
+        "| measurement | rendered project | DDP tutorial's way | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| 0. small CNN, 3x24x24, random flip per `__getitem__`, AdamW + cosine: steady-state steps/s, 2 gloo "
+        f"ranks x 1 thread, batch 64 | {statistics.median(runs['engine']):.1f} | "
+        f"{statistics.median(runs['tutorial']):.1f} | {statistics.median(ratios):.3f} | >= 0.98 (goal >= 1.0) |",
+    ]) + "\n"  # fmt: skip
+
+
 # -- 2. launch to the first optimizer step ---------------------------------------------------------
 def rendered_launch_s(project: Path) -> float:
     with tempfile.TemporaryDirectory() as output:
@@ -297,10 +329,18 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--ci-cold-s", type=float, help="wall time of a cold `nox` run, measured separately")
     parser.add_argument("--ci-warm-s", type=float, help="wall time of a warm `nox -R` run, measured separately")
-    parser.add_argument("--only", choices=["checkpoints", "same-work"], help="run one section, update only its table")
+    parser.add_argument(
+        "--only", choices=["cnn", "checkpoints", "same-work"], help="run one section, update only its table"
+    )
     args = parser.parse_args()
     project = args.project.resolve()
     reps = args.reps
+    if args.only in (None, "cnn"):
+        runs = cnn(project, reps)
+        (ROOT / ".bench").mkdir(exist_ok=True)
+        (ROOT / ".bench" / "cnn.json").write_text(json.dumps(runs, indent=2), encoding="utf-8")
+        write_docs_section(CNN_MARKERS, cnn_markdown(runs))
+        print(cnn_markdown(runs))
     if args.only in (None, "same-work"):
         compared = same_work(project, reps)
         (ROOT / ".bench").mkdir(exist_ok=True)

@@ -369,10 +369,6 @@ def network(config: Config) -> dict[str, str]:
         return {"gloo": f"FAIL {error}"}
 
 
-def _train() -> str:
-    return f"python -m {__package__}.train"
-
-
 def smoke_check(config: Config) -> int:
     from .engine.smoke import main as smoke
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
 
 from .engine import config as settings
-from .engine.launch import join_as_rank, spawn
+from .engine.launch import evaluation, join_as_rank, spawn
 from .engine.ownership import private_temporary_folder
 from .engine.process_group import LaunchError, torchrun_rank, under_torchrun
 from .engine.records import RUN_RECORD
@@ -74,15 +75,15 @@ def from_command_line(argv: list[str] | None) -> tuple[settings.Config, Path, st
 def main(argv: list[str] | None = None) -> int:
     config, checkpoint, split = from_command_line(argv)
     target = result_path(checkpoint, split)
-    program = ("rank.run_evaluation", str(checkpoint), split, str(target))
+    each_rank = functools.partial(evaluation, checkpoint=str(checkpoint), split=split, result_path=str(target))
     try:
         with private_temporary_folder():
             if under_torchrun():
-                status = join_as_rank(config, program)
+                status = join_as_rank(config, each_rank)
                 if torchrun_rank().rank != 0:
                     return status
             else:
-                status = spawn(config, program)
+                status = spawn(config, each_rank)
     except LaunchError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

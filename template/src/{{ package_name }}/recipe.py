@@ -9,6 +9,18 @@ swapping in your own model, Dataset and optimizer.
 Every function gets the run's Config (configs/train.toml plus flags). Your own settings live in
 [recipe] there and arrive as `config.settings` (here lr, momentum and samples). Batches are
 `(inputs, targets)`: inputs go to the rank's first device, targets to its last.
+
+Required: datasets, model, optimizer, and loss, metric and METRIC (or training_step in their place).
+Optional hooks, each with its section in docs/make-it-your-own.md:
+- schedule(optimizer, config, total_steps) -> LRScheduler, stepped once per optimizer step; without it
+  the learning rate stays constant (#your-own-model-optimizer-and-loss).
+- training_step(model, batch) -> loss or (loss, {name: value}), instead of loss and metric
+  (#two-heads-a-training-step-of-your-own).
+- validation_step(model, batch) -> {name: sum over the batch}, added over the ranks
+  (#exact-metrics-from-sums-macro-f1).
+- metrics(sums) -> {name: float}, the epoch's figures from the global sums (#exact-metrics-from-sums-macro-f1).
+- test_dataset(config) -> Dataset, for `evaluate --split test` (#scoring-a-checkpoint-evaluate).
+- check(config) -> an error string or None, shown as the engine's own refusals (#your-recipes-settings).
 """
 
 from __future__ import annotations
@@ -46,11 +58,6 @@ def optimizer(model: nn.Module, config: Config) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=config.settings["lr"], momentum=config.settings["momentum"])
 
 
-def schedule(optimizer: torch.optim.Optimizer, config: Config, total_steps: int):
-    """Stepped once per optimizer step. A resume with another length calls this again with the new total."""
-    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
-
-
 def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The batch's mean loss (computed in fp32 under mixed precision)."""
     return functional.cross_entropy(outputs.float(), targets)
@@ -59,3 +66,9 @@ def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def metric(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Summed over the batch (here: correct predictions); the engine divides by the sample count."""
     return (outputs.argmax(dim=1) == targets).sum()
+
+
+# -- optional hooks --------------------------------------------------------------------------------------------
+def schedule(optimizer: torch.optim.Optimizer, config: Config, total_steps: int):
+    """Stepped once per optimizer step. A resume with another length calls this again with the new total."""
+    return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)

@@ -43,10 +43,6 @@ _TRAILER = re.compile(rb"crc32=([0-9a-f]{8})\Z")
 _TRAILER_SIZE = len(b"crc32=00000000")
 _END_OF_ARCHIVE = struct.Struct("<4s16xH")  # the zip's last record: signature ... comment length
 _NO_COMMENT = b"\0\0"
-# Checkpoints of earlier versions carry a SHA-256 of their values under this key, and no archive comment:
-# the CRC-32 that torch.save keeps for each record covers the same bytes.
-EARLIER_CHECKSUM = "sha256"
-_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, the fixed fields, then the name and extra-field lengths
 
 
 class CheckpointError(RuntimeError):
@@ -135,28 +131,6 @@ def _mapped(path: Path, handle: BinaryIO):
         yield view
 
 
-def _records_mismatch(handle: BinaryIO, view: memoryview) -> str:
-    """What in a file without the archive comment does not match the CRC-32s torch.save keeps per record.
-
-    Raises zipfile.BadZipFile, ValueError or struct.error for a file that is not a whole archive.
-    """
-    signature, comment_length = _END_OF_ARCHIVE.unpack(view[-_END_OF_ARCHIVE.size :])
-    if signature != b"PK\x05\x06" or comment_length != 0:
-        return "the end of a torch.save archive (the file is cut short)"
-    with zipfile.ZipFile(handle) as archive:
-        records = archive.infolist()
-    if all(record.CRC == 0 for record in records):
-        return ""  # saved with torch's CRC-32s off and no archive comment: nothing to check against
-    damaged = []
-    for record in records:
-        signature, name_length, extra_length = _LOCAL_HEADER.unpack_from(view, record.header_offset)
-        start = record.header_offset + _LOCAL_HEADER.size + name_length + extra_length
-        with view[start : start + record.compress_size] as data:
-            if signature != b"PK\x03\x04" or len(data) != record.compress_size or zlib.crc32(data) != record.CRC:
-                damaged.append(record.filename)
-    return f"their CRC-32 checksums: {', '.join(damaged)}" if damaged else ""
-
-
 def existing(output_dir: str | Path, run_id: str | None) -> list[Path]:
     """The run's finished checkpoints, newest first (temporary files and other runs' files are never listed)."""
     folder = directory(output_dir)
@@ -213,19 +187,19 @@ def load(path: Path, training_state: bool = True) -> dict:
                 finally:  # the archive's view is released only once the sum is done with it
                     if trailer:
                         summing.join()
-            if trailer:
-                summed = zlib.crc32(_NO_COMMENT, sums[0])
-                mismatch = "" if summed == int(trailer.group(1), 16) else "their CRC-32 checksum"
-            else:  # an earlier version's file
-                mismatch = _records_mismatch(handle, view)
+            if not trailer:
+                damage = "no CRC-32 at its end: it is cut short, or another program wrote it"
+            elif zlib.crc32(_NO_COMMENT, sums[0]) != int(trailer.group(1), 16):
+                damage = "its contents do not match their CRC-32 checksum"
+            else:
+                damage = ""
     except (OSError, ValueError, struct.error, zipfile.BadZipFile) as error:
         raise CheckpointError(f"checkpoint {path} is damaged ({type(error).__name__}: {error})") from None
-    if mismatch:
-        raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match {mismatch})")
+    if damage:
+        raise CheckpointError(f"checkpoint {path} is damaged ({damage})")
     if not isinstance(state, dict) or "model" not in state or (training_state and "global_step" not in state):
         what = "a training state (no model or global_step)" if training_state else "a model (no 'model' entry)"
         raise CheckpointError(f"checkpoint {path} does not hold {what}")
-    state.pop(EARLIER_CHECKSUM, None)
     return state
 
 

@@ -1,7 +1,7 @@
 """Starts the ranks of one machine and watches them: restarts, heartbeats, stop requests, exit statuses.
 
-The launcher process uses only the standard library: torch is imported by the ranks alone, in the rank
-program they run (rank.py, or probe.py for the doctor's smoke check). Each rank is a spawned process
+The launcher process uses only the standard library: torch is imported by the ranks alone, in the function
+each rank runs (`training` here, or the evaluation's and the smoke check's). Each rank is a spawned process
 (process_group.START_METHOD) that imports the project afresh, as on Windows.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 import multiprocessing.connection
 import os
@@ -22,6 +21,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from . import PACKAGE
@@ -45,7 +45,6 @@ from .stopping import INTERRUPTED, STOPPED, TERMINATED, WHEN_INTERRUPTED, listen
 STOPPING_GRACE_S = 30  # how long ranks that stopped on request get to end before they are killed
 REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
 TRAIN_COMMAND = f"python -m {PACKAGE}.train"
-TRAINING = ("rank.run_rank",)  # the program every rank of a training run runs: module.function, then arguments
 
 # scripts/train.* name themselves here (as the user typed them) and pass --config first.
 LAUNCHER_VARIABLE = "DDP_LAUNCHER"
@@ -99,15 +98,31 @@ def die_with_the_launcher() -> None:
         while not launcher_gone():
             pass
         print(f"rank (pid {os.getpid()}) stopping: its launcher is gone", file=sys.stderr, flush=True)
+        if not WINDOWS and os.getpgid(0) == os.getpid():
+            # The group of its own that _spawned_rank made: its DataLoader workers end with it, where they would
+            # notice the lost rank only seconds later and print tracebacks into the console.
+            os.killpg(0, signal.SIGKILL)
         os._exit(1)  # from this thread only os._exit ends the rank: its main thread may wait in a collective
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
-def run_program(program: tuple, config: Config, info: RankInfo) -> int:
-    """Run `program` in this rank: ("module.function", *arguments) of this package, called with the config,
-    this rank's RankInfo and the arguments. Imported here, in the rank: the program's module imports torch."""
-    module, function = program[0].rsplit(".", 1)
+def training(config: Config, info: RankInfo) -> int:
+    """What every rank of a training run runs: rank.py, imported in the rank, as the launcher never imports torch."""
+    from .rank import run_rank
+
+    return run_rank(config, info)
+
+
+def evaluation(config: Config, info: RankInfo, checkpoint: str, split: str, result_path: str) -> int:
+    """What every rank of `python -m <package>.evaluate` runs (functools.partial gives it the last three)."""
+    from .rank import run_evaluation
+
+    return run_evaluation(config, info, checkpoint, split, result_path)
+
+
+def run_as_rank(rank_main: Callable[[Config, RankInfo], int], config: Config, info: RankInfo) -> int:
+    """Run `rank_main(config, info)` in this process, a rank that ends with its launcher."""
     die_with_the_launcher()
     if program == TRAINING:
         # Ctrl+C reaches a training rank only from what started it (see stopping.py), as a request to save and
@@ -115,15 +130,15 @@ def run_program(program: tuple, config: Config, info: RankInfo) -> int:
         listen_for_stop_requests((signal.SIGINT,))
     elif not under_torchrun():
         ignore_interrupts_in_children()
-    return getattr(importlib.import_module(f".{module}", __package__), function)(config, info, *program[1:])
+    return rank_main(config, info)
 
 
-def join_as_rank(config: Config, program: tuple = TRAINING) -> int:
-    """torchrun, or one Slurm task per rank, started this process as one rank: run `program` as that rank."""
-    return run_program(program, torchrun_layout(config), torchrun_rank())
+def join_as_rank(config: Config, rank_main: Callable[[Config, RankInfo], int] = training) -> int:
+    """torchrun, or one Slurm task per rank, started this process as one rank: run `rank_main` as that rank."""
+    return run_as_rank(rank_main, torchrun_layout(config), torchrun_rank())
 
 
-def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: tuple) -> None:
+def _spawned_rank(local_rank: int, config: Config, beats, report: str, rank_main: Callable) -> None:
     """Entry point of every spawned process (top level, so Windows can pickle it).
 
     A failure is written to `report` for the launcher: a refusal (LaunchError) as its message, anything
@@ -142,7 +157,7 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, program: 
         started_by="spawn",
     )
     try:
-        status = run_program(program, config, info)
+        status = run_as_rank(rank_main, config, info)
     except LaunchError as refused:
         failure = {"refused": True, "message": str(refused)}
     except Exception:
@@ -172,10 +187,11 @@ def _ask_ranks_to_stop(signum, frame) -> None:
                     os.kill(rank.pid, signal.SIGTERM)
 
 
-def spawn(config: Config, program: tuple = TRAINING) -> int:
+def spawn(config: Config, rank_main: Callable[[Config, RankInfo], int] = training) -> int:
     """Start config.nproc_per_node ranks on this machine and wait for all of them.
 
-    Each runs `program` (run_program): a function of this package's rank.py or probe.py, then its arguments.
+    Each runs `rank_main(config, info)`: a top-level function (or a functools.partial of one), so that it
+    reaches the spawned process by name, and one that imports torch only when called.
 
     Returns the exit status for the whole job: 0 when every rank finished,
     otherwise non-zero. When one rank fails, the others are stopped, so the
@@ -202,7 +218,7 @@ def spawn(config: Config, program: tuple = TRAINING) -> int:
                     flush=True,
                 )
                 config = dataclasses.replace(config, resume="auto")
-            status = _run_ranks_in_own_folder(config, program)
+            status = _run_ranks_in_own_folder(config, rank_main)
             if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED) or _stop_signal:
                 return 1 if status == REFUSED else status
         return status
@@ -224,7 +240,7 @@ def warn_about_oversubscription(config: Config) -> None:
         )
 
 
-def _run_ranks_in_own_folder(config: Config, program: tuple) -> int:
+def _run_ranks_in_own_folder(config: Config, rank_main: Callable) -> int:
     """One start of the ranks, with a new folder for its failure reports and, on one machine, its store.
 
     On one machine the ranks meet through a file there (a FileStore), so nothing listens on a port.
@@ -234,13 +250,13 @@ def _run_ranks_in_own_folder(config: Config, program: tuple) -> int:
     if config.nnodes == 1:
         os.environ[STORE_FILE_VARIABLE] = os.path.join(folder, "store")
     try:
-        return _run_ranks(config, Path(folder), program)
+        return _run_ranks(config, Path(folder), rank_main)
     finally:
         os.environ.pop(STORE_FILE_VARIABLE, None)
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
+def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
     context = process_context()
     # Each rank's last sign of life (0: not started yet), written by its launcher-watch thread every second.
     beats = context.RawArray("d", config.nproc_per_node)
@@ -248,7 +264,7 @@ def _run_ranks(config: Config, folder: Path, program: tuple) -> int:
     ranks = [
         context.Process(
             target=_spawned_rank,
-            args=(slot, config, beats, str(reports[slot]), program),
+            args=(slot, config, beats, str(reports[slot]), rank_main),
             name=f"rank{slot}",
         )
         for slot in range(config.nproc_per_node)

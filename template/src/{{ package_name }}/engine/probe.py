@@ -29,7 +29,7 @@ def first_line(error: BaseException) -> str:
 
 
 def probe_rank(config: Config, info) -> int:
-    """One rank of the probe (launch.run_program): each part's outcome goes to <output_dir>/probe/rank<N>.json,
+    """One rank of the probe (smoke.probing): each part's outcome goes to <output_dir>/probe/rank<N>.json,
     and a part that fails does not stop the others. The model, loaders and step are the engine's own (Trainer)."""
     devices = devices_for(config, info.local_rank)
     if config.device == "cuda":

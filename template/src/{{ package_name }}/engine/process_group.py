@@ -24,7 +24,6 @@ import multiprocessing
 import os
 import socket
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -330,21 +329,15 @@ def init_process_group(config: Config, info: RankInfo) -> str:
     return listening
 
 
-# How long in_the_group() lets gloo's worker threads finish before the group ends. A collective returns once
-# it is complete, now and then before its worker thread has let go of the tensors; letting go takes the GIL,
-# and ending the group joins those threads while holding it. A worker the OS had not run again by then
-# deadlocked the rank's exit; the pause lets it run first, for 0.1 s a run.
-GLOO_SETTLE_S = 0.1
-
-
 @contextlib.contextmanager
 def in_the_group():
     """The block runs in the process group, which ends with it, after the trainer the block built.
 
-    The trainer's DDP model holds the group, and a group that outlives the rank's own code still runs its gloo
-    threads as the interpreter exits (init_process_group). The trainer lives in the block's functions only, so
-    it is gone when they return; when they raise, the error's frames still hold it, and are cleared first
-    (the traceback still names every line).
+    The trainer's DDP model holds the group from C++, and a group freed there is joined with the GIL held: a
+    gloo worker still letting go of a collective's tensor then waits for the GIL forever. So the trainer lives
+    in the block's functions only and is gone when they return; when they raise, the error's frames still hold
+    it, and are cleared first (the traceback still names every line). destroy_process_group then drops the last
+    reference from Python, which waits for gloo's workers with the GIL released (pytorch/pytorch#154976).
     """
     try:
         yield
@@ -355,7 +348,6 @@ def in_the_group():
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            time.sleep(GLOO_SETTLE_S)
             dist.destroy_process_group()
 
 

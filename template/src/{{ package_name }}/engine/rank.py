@@ -47,7 +47,7 @@ RECIPE_FUNCTIONS = {
     "metrics": ("sums",),
     "test_dataset": ("config",),
 }
-REQUIRED = ("datasets", "model", "optimizer", "schedule")
+REQUIRED = ("datasets", "model", "optimizer")
 
 
 def where(error: BaseException) -> str:

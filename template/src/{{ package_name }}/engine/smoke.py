@@ -24,12 +24,11 @@ from pathlib import Path
 
 from . import PACKAGE
 from .config import Config
-from .launch import TRAINING, spawn
+from .launch import spawn, training
 from .logs import wrapped
 from .process_group import as_flags, fit_to, gpus_needed
 
 PROBE = "probe"  # the probe's per-rank results: <output_dir>/probe/rank<N>.json
-PROGRAM = ("probe.probe_rank",)  # what each rank of the probe runs (launch.run_program)
 STEPS_PER_EPOCH = 10  # two epochs: 20 steps, a checkpoint after the first 10
 SLOWER_THAN_BARE = 0.1  # the engine below a tenth of a bare loop's samples/s fails (10-step epochs are noisy)
 
@@ -113,9 +112,16 @@ class Captured:
         return " ".join(line[len("error: ") :] for line in new.splitlines() if line.startswith("error: "))
 
 
-def run_phase(config: Config, output: Captured, program: tuple = TRAINING) -> tuple[int, str]:
+def probing(config: Config, info) -> int:
+    """What every rank of the probe runs: probe.py, imported in the rank (it imports torch, the doctor does not)."""
+    from .probe import probe_rank
+
+    return probe_rank(config, info)
+
+
+def run_phase(config: Config, output: Captured, rank_main=training) -> tuple[int, str]:
     with output:
-        status = spawn(config, program)
+        status = spawn(config, rank_main)
     return status, output.errors() or f"the ranks exited with status {status}"
 
 
@@ -304,7 +310,7 @@ def run_steps(config: Config, folder: Path) -> list[Step]:
         flush=True,
     )
     output = Captured(folder / "output.log")
-    steps = probe_steps(smoke, *run_phase(smoke, output, PROGRAM))
+    steps = probe_steps(smoke, *run_phase(smoke, output, probing))
     probe_ranks = [json.loads(path.read_text(encoding="utf-8")) for path in (folder / "probe-run" / PROBE).glob("*")]
     run, again = folder / "run", folder / "resumed"
     trained = run_phase(dataclasses.replace(smoke, output_dir=str(run)), output)

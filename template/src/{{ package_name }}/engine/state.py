@@ -26,6 +26,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def lr_schedule(recipe, optimizer: torch.optim.Optimizer, config, total_steps: int):
+    """The recipe's schedule(), an optional hook: without it the learning rate stays constant."""
+    if hasattr(recipe, "schedule"):
+        return recipe.schedule(optimizer, config, total_steps)
+    return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
+
+
 def roles(devices: tuple[torch.device, ...]) -> dict[str, torch.device]:
     """This rank's CUDA devices by their role in the engine ("devices[0]" takes the inputs, "devices[-1]" the
     targets), not by index: the same role finds its device on a machine that numbers or counts GPUs otherwise."""
@@ -58,17 +65,9 @@ def state(devices: tuple[torch.device, ...]) -> dict:
 def cuda_states_for(saved, devices: tuple[torch.device, ...]) -> list[tuple[torch.device, torch.Tensor]]:
     """(device, state) pairs to restore: each saved role on this rank's device of that role.
 
-    A role this rank does not have (a split model resumed as plain DDP) is left at its seed. A checkpoint of an
-    older version holds a list by index, of every visible GPU; this rank's indices are taken from it when present.
+    A role this rank does not have (a split model resumed as plain DDP) is left at its seed.
     """
-    own = roles(devices)
-    if isinstance(saved, dict):
-        return [(device, saved[role]) for role, device in own.items() if role in saved]
-    found = []
-    for device in own.values():
-        if saved and device.index is not None and device.index < len(saved):
-            found.append((device, saved[device.index]))
-    return found
+    return [(device, saved[role]) for role, device in roles(devices).items() if role in (saved or {})]
 
 
 def set_state(saved: dict, devices: tuple[torch.device, ...]) -> None:
@@ -231,7 +230,7 @@ class Resumable:
         for group, hyperparameters in zip(self.optimizer.param_groups, chosen):
             group.update(hyperparameters)
             group["lr"] = group["initial_lr"]
-        self.scheduler = self.recipe.schedule(self.optimizer, self.config, self.total_steps)
+        self.scheduler = lr_schedule(self.recipe, self.optimizer, self.config, self.total_steps)
         with warnings.catch_warnings():  # stepping the schedule to where training stands, without training
             warnings.simplefilter("ignore")
             for _ in range(min(self.schedule_position, self.total_steps)):

@@ -21,7 +21,7 @@ from .epochs import EpochRecords
 from .loaders import batches_of, map_tensors, order_of, samples_in, to_device
 from .logs import progress_bar, show_training, shown_path
 from .process_group import LaunchError, RankInfo, devices_for, restart_count
-from .state import Resumable
+from .state import Resumable, lr_schedule
 from .stopping import STOP_CHECK_EVERY, StopRequested, received
 from .totals import Totals, all_reduced, validation_metrics
 
@@ -46,7 +46,7 @@ class Trainer(Resumable, EpochRecords):
                 f"than one step's {self.samples_per_step}; lower global_batch_size or use more data"
             )
         self.total_steps = config.epochs * self.steps_per_epoch
-        self.scheduler = recipe.schedule(optimizer, config, self.total_steps)
+        self.scheduler = lr_schedule(recipe, optimizer, config, self.total_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16")
         self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.epoch = self.step_in_epoch = self.global_step = 0
