@@ -124,7 +124,7 @@ def evaluation(config: Config, info: RankInfo, checkpoint: str, split: str, resu
 def run_as_rank(rank_main: Callable[[Config, RankInfo], int], config: Config, info: RankInfo) -> int:
     """Run `rank_main(config, info)` in this process, a rank that ends with its launcher."""
     die_with_the_launcher()
-    if program == TRAINING:
+    if rank_main is training:
         # Ctrl+C reaches a training rank only from what started it (see stopping.py), as a request to save and
         # stop: kept from the start, acted on once training runs.
         listen_for_stop_requests((signal.SIGINT,))
@@ -271,7 +271,7 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
     ]
     _running[:] = ranks
     try:
-        # Started with Ctrl+C ignored, which they inherit until they listen for it (run_program): one pressed
+        # Started with Ctrl+C ignored, which they inherit until they listen for it (run_as_rank): one pressed
         # while a rank starts up cannot end it with a traceback.
         interrupts = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -292,7 +292,7 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
                 print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
                 return 1
     except KeyboardInterrupt:
-        if program == TRAINING:
+        if rank_main is training:
             _interrupt(ranks)
         else:  # a probe or an evaluation has nothing to save: it ends at once
             _stop(ranks)
