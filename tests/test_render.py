@@ -14,6 +14,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 import pytest
 import yaml
+from wcwidth import wcswidth
 
 from render import ANSWER_SETS, TEMPLATE
 
@@ -144,22 +145,28 @@ def test_copier_cli_renders_the_defaults_without_trust(tmp_path):
     assert "--trust" not in result.stderr
 
 
+# The message's heading and what it says of the doctor's last line, per readme_language.
+AFTER_COPY = {"en": ("Next steps", "activates the environment"), "zh": ("下一步", "激活环境")}
+
+
+@pytest.mark.parametrize("language", AFTER_COPY)
 @pytest.mark.parametrize("target_os", ["windows", "linux", "both"])
-def test_the_message_after_copy_fits_80_columns_and_names_the_projects_os(tmp_path, target_os):
+def test_the_message_after_copy_fits_80_columns_and_names_the_projects_os(tmp_path, target_os, language):
     destination = tmp_path / "p"
     result = subprocess.run(
         [sys.executable, "-m", "copier", "copy", "--defaults", "--vcs-ref", "HEAD", "--data", f"target_os={target_os}",
-         str(TEMPLATE), str(destination)],
-        capture_output=True, text=True, timeout=120,
+         "--data", f"readme_language={language}", str(TEMPLATE), str(destination)],
+        capture_output=True, text=True, encoding="utf-8", timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    message = result.stderr[result.stderr.index("Next steps") :].rstrip().splitlines()
-    assert [line for line in message if len(line) > 80] == []
+    heading, activates = AFTER_COPY[language]
+    message = result.stderr[result.stderr.index(heading) :].rstrip().splitlines()
+    assert [line for line in message if wcswidth(line) > 80] == []  # display cells: a Chinese character takes two
     setup, train = ("scripts/setup_env.sh", "scripts/train.sh") if target_os == "linux" else (
         "scripts\\setup_env.bat", "scripts\\train.bat")  # fmt: skip
     after_setup = message.index(f"  {setup}") + 1
     assert message[-2:] == ["  python -m my_ddp.doctor --smoke", f"  {train}"]
-    assert "activates the environment" in " ".join(message[after_setup:-2])
+    assert activates in " ".join(message[after_setup:-2])
 
 
 @pytest.mark.parametrize("name", ANSWER_SETS)
