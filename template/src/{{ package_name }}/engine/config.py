@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import datetime
 import difflib
+import json
 import math
 import socket
 import sys
@@ -277,7 +278,49 @@ def did_you_mean(name: str, known) -> str:
 
 
 def load(path: Path) -> Config:
-    """Read a TOML config; unknown keys are errors so typos never pass silently."""
+    """The settings of `path`, in layers: configs/train.toml, then `path` over it; unknown keys are errors so
+    typos never pass silently."""
+    return Config(**layered(path)[0])
+
+
+def layered(path: Path) -> tuple[dict, dict[str, str]]:
+    """(Config's values, {setting: the file it came from}) of configs/train.toml, then `path` over it when it is
+    another file: a file of yours names only what differs. Its [recipe] table adds to configs/train.toml's when
+    both name the same recipe, and replaces it when `path` names another recipe (whose settings are its own).
+    """
+    layers = [DEFAULT_CONFIG] if DEFAULT_CONFIG.is_file() and not same_file(DEFAULT_CONFIG, path) else []
+    values: dict = {"environment": {}, "settings": {}}
+    sources: dict[str, str] = {}
+    for layer in [*layers, Path(path)]:
+        found = read_layer(layer)
+        if "recipe" in found and found["recipe"] != values.get("recipe"):
+            values["settings"] = {}
+            sources = {name: source for name, source in sources.items() if not name.startswith("[recipe] ")}
+        values["environment"] = {**values["environment"], **found.pop("environment")}
+        values["settings"] = {**values["settings"], **found["settings"]}
+        sources.update({f"[recipe] {name}": str(layer) for name in found.pop("settings")})
+        values.update(found)
+        sources.update({name: str(layer) for name in found})
+    known = {f.name for f in dataclasses.fields(Config)}
+    missing = [name for name in known if name not in values]
+    if missing:
+        raise ConfigError(
+            f"{path}: missing setting(s) {', '.join(missing)}, in it and in {DEFAULT_CONFIG}; copy them from the "
+            "template's train.toml"
+        )
+    return values, sources
+
+
+def same_file(first: Path, second: Path) -> bool:
+    try:
+        return Path(first).samefile(second)
+    except OSError:  # `second` is not there: read_layer says so
+        return False
+
+
+def read_layer(path: Path) -> dict:
+    """One settings file's values, each of the type its setting takes: [train] and [distributed] by name, with
+    "environment" and "settings" ([recipe]) as tables."""
     data = read_settings_file(path)
     known = {f.name: f for f in dataclasses.fields(Config)}
     values: dict = {"environment": data.pop("environment", {}), "settings": recipe_table(path, data)}
@@ -293,10 +336,7 @@ def load(path: Path) -> Config:
         expected = _TOML_TYPES.get(known[name].type)
         if expected and (not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected)):
             raise ConfigError(f"{path}: {name} must be {known[name].type}, got {value!r}")
-    missing = [name for name in known if name not in values]
-    if missing:
-        raise ConfigError(f"{path}: missing setting(s) {', '.join(missing)}; copy them from the template's train.toml")
-    return Config(**values)
+    return values
 
 
 def recipe_table(path: Path, data: dict) -> dict:
@@ -422,15 +462,51 @@ def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentP
 
 
 def from_command_line(argv: list[str] | None, prog: str) -> Config:
-    """Config file, then flags; exits with status 2 and a one-line reason on bad input."""
+    """configs/train.toml, then the --config file, then flags; exits with status 2 and a one-line reason on bad
+    input, and with 0 after --print-config has shown the result."""
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     try:
-        config = load(first.parse_known_args(argv)[0].config)
+        values, sources = layered(first.parse_known_args(argv)[0].config)
     except ConfigError as error:
         build_parser(prog).error(str(error))
+    config = Config(**values)
     parser = build_parser(prog, current=config)
-    return with_flags(config, vars(parser.parse_args(argv)), parser)
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the settings as merged, each with where it came from; exit"
+    )
+    args = vars(parser.parse_args(argv))
+    shown = args.pop("print_config")
+    for name, value in args.items():
+        if name in SETTING_NAMES and value is not None:
+            sources[name] = "--" + name.replace("_", "-")
+    for assignment, typed in args.get("set") or []:
+        sources[f"[recipe] {assignment.partition('=')[0].strip()}"] = typed.split(" ")[0] if typed else "--set"
+    config = with_flags(config, args, parser)
+    if shown:
+        print(merged_settings(config, sources))
+        parser.exit(0)
+    return config
+
+
+def merged_settings(config: Config, sources: dict[str, str]) -> str:
+    """The settings as TOML, each with where it came from: --print-config."""
+    from .logs import shown_path
+
+    distributed = SETTING_NAMES.index("backend")  # Config declares [train]'s settings, then [distributed]'s
+    tables = {
+        "train": {name: getattr(config, name) for name in SETTING_NAMES[:distributed]},
+        "distributed": {name: getattr(config, name) for name in SETTING_NAMES[distributed:]},
+        "recipe": config.settings,
+    }
+    lines = []
+    for table, values in tables.items():
+        lines += ["" if lines else None, f"[{table}]"]
+        for name, value in values.items():
+            source = sources.get(f"[recipe] {name}" if table == "recipe" else name, "")
+            where = source if source.startswith("-") else shown_path(source)  # a flag, or a file
+            lines.append(f"{f'{name} = {json.dumps(value)}':<40}  # {where}")
+    return "\n".join(line for line in lines if line is not None)
 
 
 def with_flags(config: Config, args: dict, parser: argparse.ArgumentParser) -> Config:

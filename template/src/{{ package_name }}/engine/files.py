@@ -36,6 +36,10 @@ class WriteError(OSError):
     """A file could not be written; the message names it and what to do. Earlier files are untouched."""
 
 
+class WriteDenied(WriteError, PermissionError):
+    """The operating system denied the write (permission, an immutable folder): a PermissionError with our message."""
+
+
 def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Write `path` through a temporary file: write(handle), flush, fsync, replace, fsync the folder."""
     path = Path(path)
@@ -57,7 +61,8 @@ def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
             ) from error
         refused = isinstance(error, OSError) and cannot_write(error)
         if refused:
-            raise WriteError(f"{refused} while writing {path}: {refused_fix(error, path)}") from error
+            kind = WriteDenied if isinstance(error, PermissionError) else WriteError
+            raise kind(f"{refused} while writing {path}: {refused_fix(error, path)}") from error
         raise
     sync_folder(path.parent)
 

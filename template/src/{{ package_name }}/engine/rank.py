@@ -46,6 +46,7 @@ RECIPE_FUNCTIONS = {
     "validation_step": ("model", "batch"),
     "metrics": ("sums",),
     "test_dataset": ("config",),
+    "check": ("config",),
 }
 REQUIRED = ("datasets", "model", "optimizer")
 
@@ -130,6 +131,9 @@ def refusal(config: Config, info: RankInfo) -> str | None:
     """
     check_backend(config)
     recipe = load_recipe(config.recipe)
+    problem = recipe_check(recipe, config)
+    if problem:
+        return problem
     metric = getattr(recipe, "METRIC", None)
     # A recipe with functions of its own names its columns itself: checked against its first epoch's row.
     own_columns = any(hasattr(recipe, name) for name in ("training_step", "validation_step", "metrics"))
@@ -146,6 +150,19 @@ def refusal(config: Config, info: RankInfo) -> str | None:
     return unresumable(config, info) or records.claim_output_dir(
         Path(config.output_dir), config.resume, config.overwrite, resumed_run
     )
+
+
+def recipe_check(recipe, config: Config) -> str | None:
+    """What the recipe's own check(config) finds wrong with the settings, if it defines one, before the ranks meet:
+    `src/pkg/recipe.py: check(): lr is "fast" in [recipe]; use a number`."""
+    check = getattr(recipe, "check", None)
+    if not callable(check):
+        return None
+    try:
+        found = check(config)
+    except Exception as error:  # the check itself failed: where, in one line
+        return in_the_recipe(error)
+    return f"{shown_path(recipe.__file__)}: check(): {found}" if found else None
 
 
 def unresumable(config: Config, info: RankInfo) -> str | None:
