@@ -2,8 +2,8 @@
 
     python tests/bench/sample_seeded.py --package PACKAGE [--reps 5]
 
-The rendered project's own data (data.make_dataset, whose `__getitems__` fetches a batch in one call) and
-the same data one sample per `__getitem__` (a Dataset without `__getitems__`), read as rank 0 of 2 reads it:
+The rendered project's own data (data.make_dataset, one sample per `__getitem__`) and the same data fetched a
+batch at a time by a `__getitems__` that returns a ready `Batch`, read as rank 0 of 2 reads it:
 batches of 32, no workers. Three loaders of each, interleaved repetitions:
 - "SampleSeeded": engine.loaders.training_loader drawn through batches_of, as the trainer draws it
   (ResumableSampler cut by KeyBatches, and SampleSeeded: torch, numpy and Python's random seeded from
@@ -28,17 +28,21 @@ BATCH, RANKS, SAMPLES = 32, 2, 8192  # bench.py's throughput runs: a global batc
 EPOCHS = 8  # per timing: 1024 batches
 
 
-class OneByOne(Dataset):
-    """The dataset read one sample per call, as a Dataset without `__getitems__` is."""
+class WholeBatches(Dataset):
+    """The default data fetched a batch per call: one indexing operation, returned as the engine's `Batch`."""
 
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
+    def __init__(self, dataset: Dataset, batch_type: type) -> None:
+        self.dataset, self.batch_type = dataset, batch_type
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index: int):
         return self.dataset[index]
+
+    def __getitems__(self, indices: list):
+        chosen = torch.tensor(indices)
+        return self.batch_type((self.dataset.inputs[chosen], self.dataset.labels[chosen]))
 
 
 def per_batch_us(sampler: DistributedSampler, batches_of) -> float:
@@ -68,7 +72,8 @@ def main() -> None:
     torch.set_num_threads(1)  # as each of 2 ranks on 2 cores
     dataset = data.make_dataset(SAMPLES, 0)
     timed = {}
-    for kind, chosen in (("batched", dataset), ("one by one", OneByOne(dataset))):
+    engine = importlib.import_module(f"{args.package}.engine")
+    for kind, chosen in (("batched", WholeBatches(dataset, engine.Batch)), ("one by one", dataset)):
         sampler = DistributedSampler(chosen, num_replicas=RANKS, rank=0, shuffle=True, seed=0, drop_last=True)
         plain = DataLoader(chosen, batch_size=BATCH, sampler=sampler, drop_last=True, collate_fn=loaders.collate)
         seeded = loaders.training_loader(chosen, BATCH, 0, RANKS, 0, workers=0, pin=False)
