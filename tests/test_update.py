@@ -3,7 +3,8 @@
 The template's working tree is committed and tagged v1 in a temporary repository; a realistic
 change (a launcher line, a new file, a new default) becomes v2. Projects are generated at v1
 and updated to v2 as a user would. One scenario starts instead from this repository's own commit
-MAIN_BEFORE, the main branch as projects were generated from it, and updates to the working tree. Marked `update`: `nox -s update` runs these.
+MAIN_BEFORE, the main branch as projects were generated from it, and updates to the working tree.
+Marked `update`: `nox -s update` runs these.
 """
 
 from __future__ import annotations

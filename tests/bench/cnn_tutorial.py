@@ -25,9 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 
-def worker(rank: int, args: argparse.Namespace, folder: str) -> None:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))  # as the engine sets it
-    init_gloo(rank, args.ranks)
+def train(rank: int, args: argparse.Namespace, folder: str) -> list[float]:
+    """Each epoch's training steps per second."""
     dataset = cnn_recipe.FlippedImages(args.samples, args.seed)
     sampler = DistributedSampler(dataset, num_replicas=args.ranks, rank=rank, shuffle=True, seed=args.seed,
                                  drop_last=True)  # fmt: skip
@@ -49,6 +48,15 @@ def worker(rank: int, args: argparse.Namespace, folder: str) -> None:
         rates.append(len(loader) / (time.perf_counter() - started))
         if rank == 0:
             torch.save(model.module.state_dict(), Path(folder) / "snapshot.pt")
+    return rates
+
+
+def worker(rank: int, args: argparse.Namespace, folder: str) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))  # as the engine sets it
+    init_gloo(rank, args.ranks)
+    # The model lives in train() only: a DDP model still alive at destroy_process_group frees the group later,
+    # from its Reducer with the GIL held, and a gloo worker that still holds a tensor then hangs the exit.
+    rates = train(rank, args, folder)
     if rank == 0:
         print(f"steps-per-s {statistics.median(rates[1:]):.3f}", flush=True)
     dist.barrier()  # no rank tears gloo down while another still talks to it
