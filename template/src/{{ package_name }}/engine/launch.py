@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import multiprocessing.connection
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -42,6 +44,9 @@ from .process_group import (
 )
 from .stopping import INTERRUPTED, STOPPED, TERMINATED, WHEN_INTERRUPTED, listen_for_stop_requests
 
+FOLLOWERS_GRACE_S = 3  # how long a failed rank's peers get to end and report, so the first failure is named
+# A collective whose peer left: gloo's source path in the error ("Connection reset by peer", "Connection closed").
+GLOO_LOST_A_PEER = re.compile(r"gloo[/\\]transport[/\\]")
 STOPPING_GRACE_S = 30  # how long ranks that stopped on request get to end before they are killed
 REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
 TRAIN_COMMAND = f"python -m {PACKAGE}.train"
@@ -158,13 +163,15 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, rank_main
     )
     try:
         status = run_as_rank(rank_main, config, info)
-    except LaunchError as refused:
-        failure = {"refused": True, "message": str(refused)}
-    except Exception:
-        failure = {"refused": False, "message": traceback.format_exc()}
+    except Exception as error:
+        refused = isinstance(error, LaunchError)
+        failure = {
+            "refused": refused,
+            "message": str(error) if refused else traceback.format_exc(),
+            "time": time.time(),
+        }
     else:
         sys.exit(status or 0)  # a normal end: atexit handlers and finalisers run, as in any Python program
-    failure["time"] = time.time()  # the first failure is the cause; the others followed it
     Path(report).write_text(json.dumps(failure), encoding="utf-8")
     sys.exit(1)
 
@@ -300,8 +307,14 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
         return INTERRUPTED
     finally:
         _running.clear()
+    # A failed rank's peers fail once it has left the group, and the first to end may be one of them: the others
+    # get a moment to end and leave their reports, so that the first failure is named, not one it caused.
+    deadline = time.monotonic() + FOLLOWERS_GRACE_S
+    for rank in ranks:
+        rank.join(timeout=max(0.0, deadline - time.monotonic()))
+    ended = [slot for slot, rank in enumerate(ranks) if rank.exitcode not in (None, 0)]
     failures = {slot: _read_report(reports[slot]) for slot in ended}
-    slot = min(ended, key=lambda slot: failures[slot]["time"] if failures[slot] else float("inf"))
+    slot = min(ended, key=lambda slot: _following(failures[slot]))
     failure, code = failures[slot], ranks[slot].exitcode
     silent = _silent_ranks(beats, 3.0) if failure else {}  # a rank timed out waiting: was a peer frozen?
     if code in (STOPPED, TERMINATED):  # every rank saved and is ending too: let each end as a program does
@@ -332,6 +345,14 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
     how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     print(f"error: rank {slot} {how}", file=sys.stderr, flush=True)
     return code if code > 0 else 1
+
+
+def _following(failure: dict | None) -> tuple[bool, float]:
+    """Sorts a rank's failure after those it may have followed: a rank whose peer left fails with gloo's transport
+    error, which comes after every other failure; then the earliest report, then the ranks that left none."""
+    if failure is None:
+        return False, math.inf
+    return GLOO_LOST_A_PEER.search(failure["message"]) is not None, failure["time"]
 
 
 def _read_report(path: Path) -> dict | None:
