@@ -369,21 +369,27 @@ def override(settings: dict, assignment: str, typed: str = "") -> dict:
 
     VALUE is TOML and must have the kind the setting has in the file (an integer may stand for a float).
     A string setting also takes a bare word (--set optimizer=adamw), which shells make hard to quote.
+    A name the file lacks adds a setting of VALUE's kind, unless it looks like a typo of one the file has.
     `typed` is what the command line said, for the message (--lr abc), when it was not --set.
     """
     name, equals, text = assignment.partition("=")
     name, typed = name.strip(), typed or f"--set {assignment}"
     if not equals or not name:
         raise ConfigError(f"--set takes NAME=VALUE, got {assignment!r}")
-    if name not in settings:
-        listed = ", ".join(settings) or "none"
-        raise ConfigError(f"--set {name}: no such setting in [recipe] of the config file (there: {listed}); add it")
-    current = settings[name]
     try:
         parsed = tomllib.loads(f"value = {text}")
         value = parsed["value"] if parsed.keys() == {"value"} else None
     except tomllib.TOMLDecodeError:
         value = None
+    if name not in settings:
+        close = difflib.get_close_matches(name, list(settings), n=1, cutoff=0.75)
+        if close:
+            raise ConfigError(
+                f"--set {name}: no such setting in [recipe] of the config file; did you mean {close[0]}? "
+                "(a new setting needs a name unlike those there)"
+            )
+        return {**settings, name: text if value is None else value}  # a bare word is a string, as above
+    current = settings[name]
     if isinstance(current, str):
         value = value if isinstance(value, str) else text
     elif type(current) is float and type(value) is int:
