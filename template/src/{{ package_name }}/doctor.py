@@ -70,17 +70,40 @@ def facts() -> dict[str, str]:
         "gloo": "yes" if dist.is_gloo_available() else "no",
         "nccl": "yes" if dist.is_nccl_available() else "no",
         "libuv": "yes" if libuv_in_store() else "no (the launchers set USE_LIBUV=0)",
-        "conda env": os.environ.get("CONDA_DEFAULT_ENV", "none active"),
+        "env": environment_shown(),
     }
 
 
+def environment_kind(prefix: str = sys.prefix, base_prefix: str = sys.base_prefix) -> str:
+    """What this Python runs in, which decides the fix lines: "conda" (an environment of conda's, which marks
+    its own with conda-meta/), "venv" (the project's .venv, or any virtual environment) or "system"."""
+    if (Path(prefix) / "conda-meta").is_dir():
+        return "conda"
+    return "venv" if prefix != base_prefix else "system"
+
+
+def environment_shown() -> str:
+    kind = environment_kind()
+    name = f" {os.environ['CONDA_DEFAULT_ENV']}" if kind == "conda" and "CONDA_DEFAULT_ENV" in os.environ else ""
+    return f"{kind}{name} ({sys.prefix})"
+
+
 def reinstall_command(wanted: dict) -> str:
-    """The project's own torch (environment.yml's pin, from its index), as one command."""
+    """The project's own torch (the pin, from its index), as one command; a conda environment's alternative."""
+    conda = "   (or: conda env update -f environment.yml --prune)" if environment_kind() == "conda" else ""
     return (
         f"pip install --force-reinstall torch=={wanted.get('torch_version')}+{wanted.get('cuda')} "
-        f"{torch_source_option(wanted)} {wanted.get('torch_index_url')}"
-        "   (or: conda env update -f environment.yml --prune)"
+        f"{torch_source_option(wanted)} {wanted.get('torch_index_url')}{conda}"
     )
+
+
+def python_fix(want: str) -> str:
+    """How to get the project's Python: a conda environment updates in place; a .venv is made again."""
+    if environment_kind() == "conda":
+        return "conda env update -f environment.yml --prune, then conda activate it"
+    if sys.platform == "win32":  # setup_env.bat makes .venv with `py -<version>` when that Python is installed
+        return rf"install Python {want}, delete .venv, then scripts\setup_env.bat --venv"
+    return f"delete .venv, then PYTHON=python{want} scripts/setup_env.sh --venv"
 
 
 def torch_missing(config: Config) -> int:
@@ -131,7 +154,7 @@ def compare(config: Config) -> list[Finding]:
             Finding(
                 "warn",
                 f"Python {platform.python_version()} runs this, the project pins {want_python}; "
-                "fix: conda env update -f environment.yml --prune, then conda activate it",
+                f"fix: {python_fix(want_python)}",
             )
         )
     here = "windows" if sys.platform == "win32" else "linux" if sys.platform.startswith("linux") else sys.platform
