@@ -293,7 +293,7 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
                 break
             if all(rank.exitcode == 0 for rank in ranks):
                 return 0
-            silent = _silent_ranks(beats, config.timeout_s)
+            silent = _silent_ranks(beats, config.timeout_s, ranks)
             if silent:
                 _stop(ranks)
                 print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
@@ -316,7 +316,7 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
     failures = {slot: _read_report(reports[slot]) for slot in ended}
     slot = min(ended, key=lambda slot: _following(failures[slot]))
     failure, code = failures[slot], ranks[slot].exitcode
-    silent = _silent_ranks(beats, 3.0) if failure else {}  # a rank timed out waiting: was a peer frozen?
+    silent = _silent_ranks(beats, 3.0, ranks) if failure else {}  # a rank timed out waiting: was a peer frozen?
     if code in (STOPPED, TERMINATED):  # every rank saved and is ending too: let each end as a program does
         for rank in ranks:
             rank.join(timeout=STOPPING_GRACE_S)
@@ -362,10 +362,14 @@ def _read_report(path: Path) -> dict | None:
         return None  # the rank ended without a report: killed, or it exited with a status of its own
 
 
-def _silent_ranks(beats, after_s: float) -> dict[int, float]:
-    """Ranks that beat once and then fell silent for after_s seconds: {local rank: seconds silent}."""
+def _silent_ranks(beats, after_s: float, ranks: list) -> dict[int, float]:
+    """Ranks still running that beat once and then fell silent for after_s seconds: {local rank: seconds silent}."""
     now = time.time()
-    return {slot: now - beat for slot, beat in enumerate(beats) if beat and now - beat >= after_s}
+    return {
+        slot: now - beat
+        for slot, beat in enumerate(beats)
+        if beat and now - beat >= after_s and ranks[slot].exitcode is None  # an ended rank beats no more
+    }
 
 
 def _describe(silent: dict[int, float]) -> str:
