@@ -6,8 +6,8 @@ the sums are added over all ranks, so 1 rank and 2 ranks give the same numbers. 
 recipe's test_dataset(config). The metrics are printed and written as JSON beside the checkpoint
 (best.pt -> best.val.json).
 
-The settings are the run's own, from the run.json beside the checkpoint (or configs/train.toml where
-there is none); any training flag overrides one. The ranks start as training's do: spawned here, or
+The settings are the run's own, from the run.json beside the checkpoint (or, for a checkpoint on its
+own, those it carries); any training flag overrides one. The ranks start as training's do: spawned here, or
 joined under torchrun.
 """
 
@@ -35,13 +35,25 @@ def run_folder(checkpoint: Path) -> Path:
     return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
 
 
-def run_settings(checkpoint: Path, config_file: Path) -> settings.Config:
-    """The settings the checkpoint was trained with (run.json), on top of config_file for any it lacks."""
-    base = settings.load(config_file)
+def trained_settings(checkpoint: Path) -> dict:
+    """The settings a checkpoint was trained with: the run.json beside it, or, for a file on its own (a best.pt
+    handed over), the copy that every checkpoint carries."""
     record = run_folder(checkpoint) / RUN_RECORD
-    if not record.is_file():
-        return base
-    trained = json.loads(record.read_text(encoding="utf-8")).get("config", {})
+    if record.is_file():
+        return json.loads(record.read_text(encoding="utf-8")).get("config", {})
+    import torch  # only for a file on its own: where run.json answers, this process stays without torch
+
+    try:
+        carried = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True).get("config", {})
+    except Exception:  # noqa: BLE001 - not a checkpoint, or damaged: the ranks load it and say which
+        return {}
+    return {**carried, "output_dir": str(run_folder(checkpoint))}  # the run's own folder is elsewhere
+
+
+def run_settings(checkpoint: Path, config_file: Path) -> settings.Config:
+    """The settings the checkpoint was trained with, on top of config_file for any it lacks."""
+    trained = trained_settings(checkpoint)
+    base = settings.load(config_file)
     return dataclasses.replace(base, **{name: value for name, value in trained.items() if name in SETTING_NAMES})
 
 
