@@ -16,7 +16,7 @@ import torch.distributed as dist
 from . import PACKAGE
 from .config import Config
 from .loaders import batches_of
-from .process_group import bf16_problem, devices_for, in_the_group, init_process_group
+from .process_group import bf16_problem, devices_for, in_the_group, init_process_group, reduction_device
 from .rank import build_trainer
 from .smoke import PROBE
 
@@ -62,7 +62,7 @@ def parts(config: Config, info, devices) -> dict:
 
 
 def _collective(config: Config, info, devices, trainer) -> dict:
-    total = torch.tensor([float(info.rank + 1)], device=devices[-1])
+    total = torch.tensor([float(info.rank + 1)], device=reduction_device(devices[-1]))
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     dist.barrier()
     return {"sum": total.item(), "expected": info.world_size * (info.world_size + 1) / 2}
@@ -106,6 +106,6 @@ def _bare_loop(config: Config, info, devices, trainer) -> dict:
     for _ in range(BARE_STEPS):
         _one_step(trainer, batch)
     synchronize()
-    slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=devices[-1])
+    slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=reduction_device(devices[-1]))
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return {"samples_per_s": BARE_STEPS * config.micro_batch * info.world_size / slowest.item()}

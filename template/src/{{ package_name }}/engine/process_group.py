@@ -10,6 +10,8 @@ Windows facts encoded here (docs/troubleshooting.md in the template explains eac
 - "localhost" can resolve to IPv6 or a Docker hosts entry: 127.0.0.1 on one machine.
 - A program that listens beyond loopback triggers the Windows Defender Firewall prompt: ranks on one
   machine meet through a file (FileStore) and gloo listens on 127.0.0.1 (gloo_binding).
+- Windows builds of torch have no gloo all_reduce of GPU tensors (pytorch#186535): under gloo every
+  collective's tensor is on the host (reduction_device), DDP's gradients included (all_reduce_on_host).
 - Windows has only the spawn start method, so ranks and DataLoader workers are spawned on every OS
   (START_METHOD): code that Windows would refuse to pickle fails on Linux too, where it is found first.
 
@@ -271,6 +273,57 @@ def _register_bound_gloo(device_options: dict) -> None:
 
     if not hasattr(dist.Backend, BOUND_GLOO.upper()):
         dist.Backend.register_backend(BOUND_GLOO, create, devices=["cpu", "cuda"])
+
+
+GLOO_BACKENDS = ("gloo", BOUND_GLOO)  # the group's backend name: gloo_bound where init_process_group made it
+
+
+def under_gloo() -> bool:
+    """The default process group runs on gloo."""
+    import torch.distributed as dist
+
+    return dist.get_backend() in GLOO_BACKENDS
+
+
+def reduction_device(device: torch.device) -> torch.device:
+    """The device a collective's tensor must sit on: the host under gloo, `device` itself under nccl.
+
+    Windows builds of torch have no gloo all_reduce of CUDA tensors (ProcessGroupGlooCuda.cpp is not built
+    there; pytorch/pytorch#186535): one dies with an access violation (0xC0000005), not an error. gloo's
+    broadcast and all_gather of CUDA tensors exist, and copy through host memory themselves: so under gloo
+    every collective of the engine uses host tensors, one rule at the same cost, run by the Linux tests too.
+    """
+    import torch
+
+    return torch.device("cpu") if under_gloo() else torch.device(device)
+
+
+# No annotations: DDP refuses a hook whose annotations are strings, as this module's `from __future__` makes them.
+def all_reduce_on_host(state, bucket):
+    """DDP's gradient all-reduce through host memory (reduction_device): a comm hook for gloo on GPUs.
+
+    As torch's allreduce_hook: each rank divides its bucket by the world size, then the buckets are summed;
+    here on a host copy, which then goes back into the bucket. `state`: the process group (None: the default).
+    """
+    import torch.distributed as dist
+
+    group = state if state is not None else dist.group.WORLD
+    bucket_on_device = bucket.buffer()
+    on_host = bucket_on_device.to("cpu").div_(group.size())
+    summed = dist.all_reduce(on_host, group=group, async_op=True).get_future()
+    return summed.then(lambda done: bucket_on_device.copy_(done.value()[0]))
+
+
+def reduce_gradients_where_gloo_can(model) -> bool:
+    """Under gloo, a DDP model with parameters on a GPU all-reduces its gradients on the host; whether it does.
+
+    On every OS, so that the path Windows needs runs on Linux too. On the CPU, and under nccl, DDP's own
+    all-reduce stays.
+    """
+    if not under_gloo() or not any(parameter.is_cuda for parameter in model.parameters()):
+        return False
+    model.register_comm_hook(None, all_reduce_on_host)
+    return True
 
 
 def nccl_device(config: Config, info: RankInfo) -> torch.device | None:

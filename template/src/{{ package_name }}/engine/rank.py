@@ -30,6 +30,7 @@ from .process_group import (
     devices_for,
     in_the_group,
     init_process_group,
+    reduce_gradients_where_gloo_can,
 )
 from .stopping import STOP_SIGNALS, StopRequested, exit_status, listen_for_stop_requests
 from .trainer import Trainer
@@ -242,6 +243,8 @@ def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Tr
     wrapped = DistributedDataParallel(
         model, device_ids=[devices[0]] if single_gpu else None, gradient_as_bucket_view=True
     )  # one gradient copy less per step
+    if reduce_gradients_where_gloo_can(wrapped):
+        log.debug("gradients are all-reduced through host memory: gloo has no all_reduce of GPU tensors on Windows")
     where = (info.rank, info.world_size, config.seed, config.num_workers, devices[0].type == "cuda")
     train_data = loaders.training_loader(train_set, config.micro_batch, *where)
     val_data = loaders.validation_loader(val_set, config.micro_batch * config.accumulate_steps, *where)

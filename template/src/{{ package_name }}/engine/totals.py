@@ -7,6 +7,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from .process_group import reduction_device
+
 
 class Totals:
     """What a recipe reports per batch, summed over batches in fp64, without a device sync per batch.
@@ -92,7 +94,7 @@ def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], flo
             value = part.folded.get(name)
             pieces.append(value.reshape(-1) if value is not None else torch.zeros(math.prod(shape), device=device))
         pieces.append(part.samples.reshape(1))
-    flat = torch.cat([piece.double() for piece in pieces])
+    flat = torch.cat([piece.double() for piece in pieces]).to(reduction_device(device))
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     results, start = [], 0
     for names in merged:

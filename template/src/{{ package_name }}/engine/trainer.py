@@ -20,7 +20,7 @@ from .config import Config, precision_warning
 from .epochs import EpochRecords
 from .loaders import batches_of, map_tensors, order_of, samples_in, to_device
 from .logs import progress_bar, show_training, shown_path
-from .process_group import LaunchError, RankInfo, devices_for, restart_count
+from .process_group import LaunchError, RankInfo, devices_for, reduction_device, restart_count
 from .state import Resumable, lr_schedule
 from .stopping import STOP_CHECK_EVERY, StopRequested, received
 from .totals import Totals, all_reduced, validation_metrics
@@ -210,7 +210,9 @@ class Trainer(Resumable, EpochRecords):
         training forward: after the last step each rank holds its own, updated by its own batches, while
         checkpoints, best.pt and model.pt hold rank 0's. Training is unchanged; validation scores what is saved."""
         for buffer in module.buffers():
-            dist.broadcast(buffer, src=0)
+            sent = buffer.to(reduction_device(buffer.device))
+            dist.broadcast(sent, src=0)
+            buffer.copy_(sent)  # nothing to copy where the buffer is on that device already
 
     def evaluate(self) -> dict[str, float]:
         """The validation metrics of the model as it is, over all ranks (what each epoch's val_ columns hold)."""
@@ -222,7 +224,7 @@ class Trainer(Resumable, EpochRecords):
     def save_mid_epoch(self, started: float) -> None:
         self.seconds = time.perf_counter() - started
         so_far = self.training.fold().get("loss", torch.zeros((), dtype=torch.float64, device=self.devices[-1]))
-        so_far = so_far.reshape(1).clone()
+        so_far = so_far.reshape(1).to(reduction_device(so_far.device), copy=True)
         dist.all_reduce(so_far, op=dist.ReduceOp.SUM)
         self.stop_if_not_finite(so_far.item())
         self.save()
@@ -235,7 +237,7 @@ class Trainer(Resumable, EpochRecords):
         """
         stop = self.settled_vote()
         if not stop:
-            flag = torch.tensor([float(received())], device=self.devices[-1])
+            flag = torch.tensor([float(received())], device=reduction_device(self.devices[-1]))
             self.stop_vote = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag
         return stop
 
@@ -249,7 +251,7 @@ class Trainer(Resumable, EpochRecords):
     def stop_agreed(self) -> int:
         """The stop signal any rank got (0: none), agreed now: one tiny all-reduce, waited for (an epoch's end)."""
         self.settled_vote()  # a signal it counted, received() still returns
-        flag = torch.tensor([float(received())], device=self.devices[-1])
+        flag = torch.tensor([float(received())], device=reduction_device(self.devices[-1]))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
 
@@ -259,7 +261,8 @@ class Trainer(Resumable, EpochRecords):
         if not self.config.stop_on_nonfinite_loss or math.isfinite(loss_sum):
             return
         first = self.training.first_nonfinite
-        batch = torch.tensor(torch.iinfo(torch.int64).max, device=self.devices[-1]) if first is None else first.clone()
+        home = reduction_device(self.devices[-1])
+        batch = torch.tensor(torch.iinfo(torch.int64).max, device=home) if first is None else first.to(home, copy=True)
         dist.all_reduce(batch, op=dist.ReduceOp.MIN)
         step_in_epoch = int(batch.item()) // self.config.accumulate_steps
         first_at = f", first at step {self.global_step - self.step_in_epoch + step_in_epoch + 1}"
