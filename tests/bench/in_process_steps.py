@@ -45,9 +45,9 @@ class Engine:
 
     def __init__(self, package: str, output: str, rank: int, ranks: int, unseeded: bool) -> None:
         engine = importlib.import_module(f"{package}.engine")
-        config_module, rank_module, totals, process_group, self.loaders = (
+        config_module, context_module, rank_module, totals, process_group, self.loaders = (
             importlib.import_module(f"{package}.engine.{part}")
-            for part in ("config", "rank", "totals", "process_group", "loaders")
+            for part in ("config", "context", "rank", "totals", "process_group", "loaders")
         )
         self.config = config_module.from_command_line(
             ["--config", str(engine.PROJECT_ROOT / "configs" / "train.toml"), "--output-dir", output,
@@ -55,7 +55,8 @@ class Engine:
              "--samples", str(SAMPLES * ranks)], "bench",
         )  # fmt: skip
         info = process_group.RankInfo(rank, rank, ranks, "bench")
-        self.trainer = rank_module.build_trainer(self.config, info, logging.getLogger("bench"))
+        context = context_module.RankContext.create(self.config, info, logging.getLogger("bench"))
+        self.trainer = rank_module.build_trainer(context)
         self.totals = totals.Totals(torch.device("cpu"))
         if unseeded:  # what per-sample seeding costs a step: the Dataset's own fetch, without SampleSeeded
             seeded = self.trainer.train_data.dataset

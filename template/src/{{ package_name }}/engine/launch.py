@@ -126,8 +126,8 @@ def evaluation(config: Config, info: RankInfo, checkpoint: str, split: str, resu
     return run_evaluation(config, info, checkpoint, split, result_path)
 
 
-def run_as_rank(rank_main: Callable[[Config, RankInfo], int], config: Config, info: RankInfo) -> int:
-    """Run `rank_main(config, info)` in this process, a rank that ends with its launcher."""
+def become_a_rank(rank_main: Callable[[Config, RankInfo], int]) -> None:
+    """Make this process a rank that ends with its launcher, before it runs `rank_main`."""
     die_with_the_launcher()
     if rank_main is training:
         # Ctrl+C reaches a training rank only from what started it (see stopping.py), as a request to save and
@@ -135,12 +135,12 @@ def run_as_rank(rank_main: Callable[[Config, RankInfo], int], config: Config, in
         listen_for_stop_requests((signal.SIGINT,))
     elif not under_torchrun():
         ignore_interrupts_in_children()
-    return rank_main(config, info)
 
 
 def join_as_rank(config: Config, rank_main: Callable[[Config, RankInfo], int] = training) -> int:
     """torchrun, or one Slurm task per rank, started this process as one rank: run `rank_main` as that rank."""
-    return run_as_rank(rank_main, torchrun_layout(config), torchrun_rank())
+    become_a_rank(rank_main)
+    return rank_main(torchrun_layout(config), torchrun_rank())
 
 
 def _spawned_rank(local_rank: int, config: Config, beats, report: str, rank_main: Callable) -> None:
@@ -162,7 +162,8 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, rank_main
         started_by="spawn",
     )
     try:
-        status = run_as_rank(rank_main, config, info)
+        become_a_rank(rank_main)
+        status = rank_main(config, info)
     except Exception as error:
         refused = isinstance(error, LaunchError)
         failure = {
@@ -225,7 +226,8 @@ def spawn(config: Config, rank_main: Callable[[Config, RankInfo], int] = trainin
                     flush=True,
                 )
                 config = dataclasses.replace(config, resume="auto")
-            status = _run_ranks_in_own_folder(config, rank_main)
+            with _start_folder(config) as folder:
+                status = _run_ranks(config, folder, rank_main)
             if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED) or _stop_signal:
                 return 1 if status == REFUSED else status
         return status
@@ -247,17 +249,18 @@ def warn_about_oversubscription(config: Config) -> None:
         )
 
 
-def _run_ranks_in_own_folder(config: Config, rank_main: Callable) -> int:
-    """One start of the ranks, with a new folder for its failure reports and, on one machine, its store.
+@contextlib.contextmanager
+def _start_folder(config: Config):
+    """A new folder for one start of the ranks: their failure reports and, on one machine, their store.
 
     On one machine the ranks meet through a file there (a FileStore), so nothing listens on a port.
     A new folder per start: a store file left by a killed attempt would mix two attempts' keys.
     """
-    folder = tempfile.mkdtemp(prefix="ddp-start-")
+    folder = Path(tempfile.mkdtemp(prefix="ddp-start-"))
     if config.nnodes == 1:
-        os.environ[STORE_FILE_VARIABLE] = os.path.join(folder, "store")
+        os.environ[STORE_FILE_VARIABLE] = str(folder / "store")
     try:
-        return _run_ranks(config, Path(folder), rank_main)
+        yield folder
     finally:
         os.environ.pop(STORE_FILE_VARIABLE, None)
         shutil.rmtree(folder, ignore_errors=True)
@@ -278,7 +281,7 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
     ]
     _running[:] = ranks
     try:
-        # Started with Ctrl+C ignored, which they inherit until they listen for it (run_as_rank): one pressed
+        # Started with Ctrl+C ignored, which they inherit until they listen for it (become_a_rank): one pressed
         # while a rank starts up cannot end it with a traceback.
         interrupts = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:

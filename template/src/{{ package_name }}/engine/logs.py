@@ -14,8 +14,6 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import PACKAGE
-
 if TYPE_CHECKING:  # tqdm is imported by the ranks only: the launcher prints its refusals with wrapped()
     from tqdm import tqdm
 
@@ -35,8 +33,8 @@ class AboveTheBar(logging.StreamHandler):
             self.handleError(record)
 
 
-def rank_logger(output_dir: Path, rank: int) -> logging.Logger:
-    logger = logging.getLogger(f"{PACKAGE}.rank{rank}")
+def rank_logger(logger: logging.Logger, output_dir: Path, rank: int) -> logging.Logger:
+    """`logger`, writing to logs/rank<N>.log (and rank 0's to the console too)."""
     logger.setLevel(logging.DEBUG)  # the file gets DEBUG lines too; the console only INFO
     logger.handlers.clear()
     logger.propagate = False

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
@@ -15,9 +14,11 @@ import torch.distributed as dist
 
 from . import PACKAGE
 from .config import Config
+from .context import RankContext
 from .loaders import batches_of
-from .process_group import bf16_problem, devices_for, in_the_group, init_process_group, reduction_device
+from .process_group import bf16_problem, in_the_group, init_process_group, reduction_device
 from .rank import build_trainer
+from .recipes import on_devices
 from .smoke import PROBE
 
 BARE_STEPS = 30  # the bare loop's timed steps, after 3 untimed ones
@@ -31,16 +32,13 @@ def first_line(error: BaseException) -> str:
 def probe_rank(config: Config, info) -> int:
     """One rank of the probe (smoke.probing): each part's outcome goes to <output_dir>/probe/rank<N>.json,
     and a part that fails does not stop the others. The model, loaders and step are the engine's own (Trainer)."""
-    devices = devices_for(config, info.local_rank)
-    if config.device == "cuda":
-        torch.cuda.set_device(devices[0])
-    else:  # as training does: the ranks share the cores
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
-    init_process_group(config, info)
-    found: dict = {"rank": info.rank, "devices": [str(device) for device in devices]}
+    context = RankContext.create(config, info, logging.getLogger(f"{PACKAGE}.smoke"))
+    context.use_devices()
+    init_process_group(context)
+    found: dict = {"rank": info.rank, "devices": [str(device) for device in context.devices]}
     with in_the_group():
         try:
-            found.update(parts(config, info, devices))
+            found.update(parts(context))
         finally:
             folder = Path(config.output_dir) / PROBE
             folder.mkdir(parents=True, exist_ok=True)
@@ -48,20 +46,20 @@ def probe_rank(config: Config, info) -> int:
     return 0
 
 
-def parts(config: Config, info, devices) -> dict:
+def parts(context: RankContext) -> dict:
     """Each part's outcome by name. The trainer lives in here only: see in_the_group()."""
     found, trainer = {}, None
     for name, part in (("collective", _collective), ("step", _step), ("bare", _bare_loop)):
         try:
             if name != "collective" and trainer is None:
-                trainer = build_trainer(config, info, logging.getLogger(f"{PACKAGE}.smoke"))
-            found[name] = part(config, info, devices, trainer)
+                trainer = build_trainer(context)
+            found[name] = part(context.config, context, context.devices, trainer)
         except Exception as error:  # noqa: BLE001 - reported as that part's FAIL, with its message
             found[name] = {"error": first_line(error)}
     return found
 
 
-def _collective(config: Config, info, devices, trainer) -> dict:
+def _collective(config: Config, info: RankContext, devices, trainer) -> dict:
     total = torch.tensor([float(info.rank + 1)], device=reduction_device(devices[-1]))
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     dist.barrier()
@@ -71,9 +69,8 @@ def _collective(config: Config, info, devices, trainer) -> dict:
 def _one_step(trainer, batch) -> tuple:
     """The engine's step on one batch under the precision, with its scaler: (loss, whether the gradients are finite)."""
     trainer.optimizer.zero_grad(set_to_none=True)
-    step = trainer.custom_step if trainer.custom_steps else trainer.pair_step  # as Trainer.run_step picks
     with trainer.autocast():
-        loss = step(trainer.model, batch)[0]
+        loss = trainer.loss_of(trainer.model, batch)[0]  # as Trainer.run_step computes it
     trainer.scaler.scale(loss).backward()
     finite = all(p.grad is None or bool(p.grad.isfinite().all()) for p in trainer.model.parameters())
     trainer.scaler.step(trainer.optimizer)
@@ -97,7 +94,7 @@ def _step(config: Config, info, devices, trainer) -> dict:
 
 def _bare_loop(config: Config, info, devices, trainer) -> dict:
     """The same model, optimizer and step in DDP on one batch kept on the devices: no loader, totals or schedule."""
-    batch = trainer.on_devices(next(batches_of(trainer.train_data)))
+    batch = on_devices(next(batches_of(trainer.train_data)), devices)
     for _ in range(3):
         _one_step(trainer, batch)
     synchronize = torch.cuda.synchronize if devices[0].type == "cuda" else lambda: None

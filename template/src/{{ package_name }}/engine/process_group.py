@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
+    from .context import RankContext
+
 WINDOWS = sys.platform == "win32"
 TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -326,17 +328,17 @@ def reduce_gradients_where_gloo_can(model) -> bool:
     return True
 
 
-def nccl_device(config: Config, info: RankInfo) -> torch.device | None:
+def nccl_device(config: Config, devices: tuple[torch.device, ...]) -> torch.device | None:
     """The GPU that nccl's process group is bound to, for plain DDP: NCCL then connects inside
     init_process_group, where its errors name the cause (not later inside DDP's constructor), and barrier()
     knows its device instead of guessing ("using the device under current context"). The split model's
     collectives run on both of its GPUs, so its group stays unbound."""
     if config.backend != "nccl" or config.parallelism != "ddp":
         return None
-    return devices_for(config, info.local_rank)[0]
+    return devices[0]
 
 
-def init_process_group(config: Config, info: RankInfo) -> str:
+def init_process_group(context: RankContext) -> str:
     """Join the process group, or fail with a message that says what to check, after timeout_s.
 
     Returns where gloo listens, for the log.
@@ -344,6 +346,7 @@ def init_process_group(config: Config, info: RankInfo) -> str:
     import torch._dynamo  # noqa: F401 - before the group: see below
     import torch.distributed as dist
 
+    config = context.config
     # DDP's constructor imports torch._dynamo, and that import holds on to every process group that exists
     # then: such a group outlives destroy_process_group, its gloo threads still run as the interpreter exits,
     # and now and then the rank's exit aborts (SIGABRT, "terminate called without an active exception").
@@ -360,21 +363,21 @@ def init_process_group(config: Config, info: RankInfo) -> str:
             backend = BOUND_GLOO
         store = restart_store(timeout) if under_torchrun() else None
         if store_file and not store:
-            store = dist.FileStore(store_file, info.world_size)
+            store = dist.FileStore(store_file, context.world_size)
             store.set_timeout(timeout)
         dist.init_process_group(
             backend=backend,
             init_method=None if store else "env://",
             store=store,
-            rank=info.rank,
-            world_size=info.world_size,
+            rank=context.rank,
+            world_size=context.world_size,
             timeout=timeout,
-            device_id=nccl_device(config, info),
+            device_id=nccl_device(config, context.devices),
         )
     except (RuntimeError, TimeoutError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise LaunchError(
-            f"rank {info.rank}: the {info.world_size} ranks did not all meet at {address} within "
+            f"rank {context.rank}: the {context.world_size} ranks did not all meet at {address} within "
             f"{config.timeout_s}s ({first_line}); gloo listened on {listening}. Start every node with the same "
             "--nnodes, --master-addr and --master-port; check that node 0 is reachable through its firewall; "
             "on machines with several network interfaces set GLOO_SOCKET_IFNAME to the one that reaches node 0"

@@ -6,132 +6,42 @@ the recipe or a checkpoint runs here, first thing, on the spawn, torchrun and Sl
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import logging
 import os
 import signal
-import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from . import PACKAGE, checkpoint, loaders, records, state
+from . import PACKAGE, checkpoint, loaders, records, streams
 from .config import Config
+from .context import RankContext
 from .files import WriteError, write_text_durably
 from .logs import rank_logger, shown_path
 from .process_group import (
     LaunchError,
     RankInfo,
     check_backend,
-    devices_for,
     in_the_group,
     init_process_group,
     reduce_gradients_where_gloo_can,
 )
+from .recipes import in_the_recipe, recipe_check
 from .stopping import STOP_SIGNALS, StopRequested, exit_status, listen_for_stop_requests
 from .trainer import Trainer
 
-# What the engine calls, with the arguments it passes. A recipe defines training_step, or loss, metric and METRIC.
-RECIPE_FUNCTIONS = {
-    "datasets": ("config",),
-    "model": ("config", "devices"),
-    "optimizer": ("model", "config"),
-    "schedule": ("optimizer", "config", "total_steps"),
-    "loss": ("outputs", "targets"),
-    "metric": ("outputs", "targets"),
-    "training_step": ("model", "batch"),
-    "validation_step": ("model", "batch"),
-    "metrics": ("sums",),
-    "test_dataset": ("config",),
-    "check": ("config",),
-}
-REQUIRED = ("datasets", "model", "optimizer")
 
-
-def where(error: BaseException) -> str:
-    """file:line of the code that raised `error` (the innermost frame outside Python's import machinery)."""
-    if isinstance(error, SyntaxError) and error.filename:
-        code = f" ({error.text.strip()})" if error.text and error.text.strip() else ""
-        return f"{error.filename}:{error.lineno}: {type(error).__name__}: {error.msg}{code}"
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith("<frozen")]
-    message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    if not frames:
-        return message
-    code = f" ({frames[-1].line})" if frames[-1].line else ""
-    return f"{frames[-1].filename}:{frames[-1].lineno}: {message}{code}"
-
-
-def in_the_recipe(error: BaseException) -> str:
-    """`src/pkg/recipe.py:47 in optimizer(): TypeError: ...`: the innermost frame of the user's code (not the
-    engine's, torch's or Python's), then the exception."""
-    libraries = (Path(__file__).parent, Path(torch.__file__).parents[1], Path(os.__file__).parent)
-    frames = traceback.extract_tb(error.__traceback__)
-    own = [frame for frame in frames if not any(Path(frame.filename).is_relative_to(lib) for lib in libraries)]
-    message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    if not (own or frames):
-        return message
-    frame = (own or frames)[-1]
-    return f"{shown_path(frame.filename)}:{frame.lineno} in {frame.name}(): {message}"
-
-
-def load_recipe(name: str):
-    """Import the recipe and check what the engine will call, before any rank meets another or trains.
-
-    LaunchError names the file and line: of the code that failed to import, or of a function the engine
-    cannot call with its arguments.
-    """
-    try:
-        recipe = importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name and (name == error.name or name.startswith(error.name + ".")):
-            raise LaunchError(
-                f"recipe {name!r} not found (no module named {error.name!r}); set recipe in configs/train.toml "
-                f"to an importable module, such as {PACKAGE}.recipe"
-            ) from None
-        raise LaunchError(f"recipe {name} cannot be imported: {where(error)}") from None
-    except Exception as error:  # whatever the recipe's own code raised while it was imported
-        raise LaunchError(f"recipe {name} cannot be imported: {where(error)}") from None
-    source = getattr(recipe, "__file__", name)
-    needed = [*REQUIRED, *(() if hasattr(recipe, "training_step") else ("loss", "metric"))]
-    missing = [function for function in needed if not callable(getattr(recipe, function, None))]
-    if not hasattr(recipe, "training_step") and not isinstance(getattr(recipe, "METRIC", None), str):
-        missing.append("METRIC (the metric's name, a string)")
-    if missing:
-        raise LaunchError(
-            f"recipe {name} ({source}) has no {', '.join(missing)}: define {'them' if len(missing) > 1 else 'it'} "
-            f"as {PACKAGE}/recipe.py does (training_step(model, batch) can stand in for loss, metric and METRIC)"
-        )
-    for function, arguments in RECIPE_FUNCTIONS.items():
-        defined = getattr(recipe, function, None)
-        if not callable(defined):
-            continue
-        try:
-            inspect.signature(defined).bind(*arguments)
-        except TypeError as error:
-            code = getattr(defined, "__code__", None)
-            line = f"{code.co_filename}:{code.co_firstlineno}" if code else source
-            raise LaunchError(
-                f"{line}: the recipe's {function}{inspect.signature(defined)} cannot be called as "
-                f"{function}({', '.join(arguments)}), which the engine does ({error})"
-            ) from None
-        except ValueError:
-            continue  # no signature to check (a builtin)
-    return recipe
-
-
-def refusal(config: Config, info: RankInfo) -> str | None:
+def refusal(context: RankContext) -> str | None:
     """What stops this run before its ranks meet: the backend, a bad checkpoint path, best_metric, a checkpoint that
     does not fit the model, another run's folder.
 
     Only rank 0 reads the checkpoint and claims the folder (the others wait for it in init_process_group
     and write nothing until then), so a big checkpoint is read once and --overwrite deletes once.
     """
-    check_backend(config)
-    recipe = load_recipe(config.recipe)
+    config, recipe = context.config, context.recipe
     problem = recipe_check(recipe, config)
     if problem:
         return problem
@@ -140,7 +50,7 @@ def refusal(config: Config, info: RankInfo) -> str | None:
     own_columns = any(hasattr(recipe, name) for name in ("training_step", "validation_step", "metrics"))
     if not own_columns and config.best_metric not in ("val_loss", f"val_{metric}", "loss", metric):
         return f"best_metric {config.best_metric!r} is not a metrics.csv column; use val_loss or val_{metric}"
-    if info.rank != 0:
+    if not context.is_main:
         return None
     resumed_run = None
     if config.resume not in ("auto", "none"):
@@ -148,32 +58,19 @@ def refusal(config: Config, info: RankInfo) -> str | None:
             resumed_run = checkpoint.load(Path(config.resume)).get("run_id")
         except checkpoint.CheckpointError as error:
             return str(error)
-    return unresumable(config, info) or records.claim_output_dir(
+    return unresumable(context) or records.claim_output_dir(
         Path(config.output_dir), config.resume, config.overwrite, resumed_run
     )
 
 
-def recipe_check(recipe, config: Config) -> str | None:
-    """What the recipe's own check(config) finds wrong with the settings, if it defines one, before the ranks meet:
-    `src/pkg/recipe.py: check(): lr is "fast" in [recipe]; use a number`."""
-    check = getattr(recipe, "check", None)
-    if not callable(check):
-        return None
-    try:
-        found = check(config)
-    except Exception as error:  # the check itself failed: where, in one line
-        return in_the_recipe(error)
-    return f"{shown_path(recipe.__file__)}: check(): {found}" if found else None
-
-
-def unresumable(config: Config, info: RankInfo) -> str | None:
+def unresumable(context: RankContext) -> str | None:
     """Why this run cannot continue from the checkpoint it would resume: another seed, a batch changed mid-epoch, a
     model that does not fit it (model.py or a shape setting changed). docs/checkpoints.md has what a resume changes.
 
     Checked before anything is written, by building the model once more on rank 0, only when there is a
     checkpoint to continue from; the random streams are left as they were.
     """
-    output_dir = Path(config.output_dir)
+    config, output_dir = context.config, Path(context.config.output_dir)
     if config.resume == "none":
         return None
     if config.resume == "auto":
@@ -205,7 +102,7 @@ def unresumable(config: Config, info: RankInfo) -> str | None:
             f"those), or keep {was} for this run"
         )
     with torch.random.fork_rng(devices=[]):
-        model = importlib.import_module(config.recipe).model(config, devices_for(config, info.local_rank))
+        model = context.recipe.model(config, context.devices)
     problem = checkpoint.misfit({name: tuple(value.shape) for name, value in model.state_dict().items()},
                                 saved["shapes"])  # fmt: skip
     if problem is None:
@@ -216,10 +113,9 @@ def unresumable(config: Config, info: RankInfo) -> str | None:
     )
 
 
-def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Trainer:
+def build_trainer(context: RankContext, split: str = "val") -> Trainer:
     """The recipe builds the objects; the engine wraps the model and makes the loaders (validation: `split`)."""
-    recipe = importlib.import_module(config.recipe)
-    devices = devices_for(config, info.local_rank)
+    config, recipe, devices = context.config, context.recipe, context.devices
     train_set, val_set = recipe.datasets(config)
     if split == "test":
         val_set = recipe.test_dataset(config)
@@ -238,17 +134,17 @@ def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Tr
             f"the model that model() in {shown_path(recipe.__file__)} returns has no trainable parameters (none with "
             "requires_grad): there is nothing to train; leave at least one layer unfrozen"
         )
-    state.seed_everything(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
+    streams.seed_everything(config.seed + context.rank)  # then each rank its own stream (dropout, augmentation, ...)
     single_gpu = len(devices) == 1 and devices[0].type == "cuda"  # a model over two devices has no device_ids
     wrapped = DistributedDataParallel(
         model, device_ids=[devices[0]] if single_gpu else None, gradient_as_bucket_view=True
     )  # one gradient copy less per step
     if reduce_gradients_where_gloo_can(wrapped):
-        log.debug("gradients are all-reduced through host memory: gloo has no all_reduce of GPU tensors on Windows")
-    where = (info.rank, info.world_size, config.seed, config.num_workers, devices[0].type == "cuda")
+        context.log.debug("gradients are all-reduced through host memory: gloo's all_reduce of GPU tensors is missing")
+    where = (context.rank, context.world_size, config.seed, config.num_workers, devices[0].type == "cuda")
     train_data = loaders.training_loader(train_set, config.micro_batch, *where)
     val_data = loaders.validation_loader(val_set, config.micro_batch * config.accumulate_steps, *where)
-    return Trainer(wrapped, train_data, val_data, recipe.optimizer(model, config), recipe, config, info, log)
+    return Trainer(context, wrapped, recipe.optimizer(model, config), train_data, val_data)
 
 
 def has_no_samples(dataset) -> bool:
@@ -258,9 +154,9 @@ def has_no_samples(dataset) -> bool:
         return False
 
 
-def score(config: Config, info: RankInfo, weights: dict, checkpoint_path: str, split: str) -> dict:
+def score(context: RankContext, weights: dict, checkpoint_path: str, split: str) -> dict:
     """The weights' validation sums and metrics on `split`. The trainer lives in here only: see in_the_group()."""
-    trainer = build_trainer(config, info, logging.getLogger(f"{PACKAGE}.evaluate"), split)
+    trainer = build_trainer(context, split)
     try:
         trainer.model.module.load_state_dict(weights)
     except RuntimeError as error:
@@ -277,8 +173,8 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
     Nothing is trained and nothing written but the result, which rank 0 writes as JSON.
     """
     check_backend(config)
-    recipe = load_recipe(config.recipe)
-    if split == "test" and not hasattr(recipe, "test_dataset"):
+    context = RankContext.create(config, info, logging.getLogger(f"{PACKAGE}.evaluate"))
+    if split == "test" and not hasattr(context.recipe, "test_dataset"):
         raise LaunchError(
             f"--split test needs test_dataset(config) in the recipe ({config.recipe}); define it, or use --split val"
         )
@@ -286,19 +182,16 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
         weights = checkpoint.load(Path(checkpoint_path), training_state=False)["model"]
     except checkpoint.CheckpointError as error:
         raise LaunchError(str(error)) from None
-    if config.device == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
-    if config.device == "cuda":
-        torch.cuda.set_device(devices_for(config, info.local_rank)[0])
-    init_process_group(config, info)
+    context.use_devices()
+    init_process_group(context)
     with in_the_group():
-        values = score(config, info, weights, checkpoint_path, split)
-        if info.rank == 0:
+        values = score(context, weights, checkpoint_path, split)
+        if context.is_main:
             samples = int(values.pop("samples"))
             result = {
                 "checkpoint": str(checkpoint_path),
                 "split": split,
-                "world_size": info.world_size,
+                "world_size": context.world_size,
                 "samples": samples,
                 "metrics": {f"{split}_{name}": value for name, value in values.items()},
             }
@@ -309,30 +202,29 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
 
 def run_rank(config: Config, info: RankInfo) -> int:
     """Everything one rank does, from its checks to clean-up. A refusal raises LaunchError before any write."""
-    reason = refusal(config, info)
+    check_backend(config)
+    context = RankContext.create(config, info)
+    reason = refusal(context)
     if reason:
         raise LaunchError(reason)
-    if config.device == "cpu":  # ranks share the cores; more threads than cores only slows every rank down
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
+    context.use_devices()
     if config.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    if config.device == "cuda":
-        torch.cuda.set_device(devices_for(config, info.local_rank)[0])
     # SIGUSR1 from here on, so an early one cannot end the rank (its default); SIGTERM and Ctrl+Break only once
     # training is built: before that they end the rank at once, as a rank waiting for its peers must be able to.
     listen_for_stop_requests(tuple(signum for signum in STOP_SIGNALS if signum == getattr(signal, "SIGUSR1", None)))
-    listening = init_process_group(config, info)
-    log = rank_logger(Path(config.output_dir), info.rank)  # after the meeting: rank 0 has claimed the folder
+    listening = init_process_group(context)
+    log = rank_logger(context.log, Path(config.output_dir), context.rank)  # after the meeting: the folder is claimed
     with in_the_group():
         try:
-            devices = ", ".join(str(d) for d in devices_for(config, info.local_rank))
+            devices = ", ".join(str(d) for d in context.devices)
             log.info(
-                f"rank {info.rank} of {info.world_size} started on {devices} (backend {config.backend}, "
-                f"started by {info.started_by}, pid {os.getpid()})"
+                f"rank {context.rank} of {context.world_size} started on {devices} (backend {config.backend}, "
+                f"started by {context.started_by}, pid {os.getpid()})"
             )
             log.info(f"gloo listens on {listening}")  # a line of its own: both fit an 80-column console
-            return train(config, info, log)
+            return train(context)
         except Exception as error:
             log.exception("rank failed")  # to the rank's log file
             if isinstance(error, WriteError):  # a disk or permission problem: one line with its fix, no restart
@@ -340,15 +232,16 @@ def run_rank(config: Config, info: RankInfo) -> int:
             raise
 
 
-def train(config: Config, info: RankInfo, log) -> int:
+def train(context: RankContext) -> int:
     """Build the trainer and fit; the exit status. The trainer lives in here only: see in_the_group()."""
+    log = context.log
     try:
-        trainer = build_trainer(config, info, log)
+        trainer = build_trainer(context)
     except LaunchError:
         raise
     except Exception as error:  # the recipe's code, with this run's settings: retrying cannot help
         log.exception("the recipe failed")  # to the rank's log file
-        log_file = shown_path(Path(config.output_dir) / "logs" / f"rank{info.rank}.log")
+        log_file = shown_path(Path(context.config.output_dir) / "logs" / f"rank{context.rank}.log")
         raise LaunchError(f"{in_the_recipe(error)} (details: {log_file})") from None
     listen_for_stop_requests()
     try:

@@ -6,6 +6,7 @@ import csv
 import datetime
 import io
 import json
+import math
 import platform
 import subprocess
 import uuid
@@ -19,6 +20,7 @@ from .config import Config
 from .files import write_text_durably
 from .logs import plural, shown_path
 from .ownership import name_the_run
+from .process_group import LaunchError
 
 RUN_RECORD = "run.json"
 METRICS = "metrics.csv"
@@ -172,3 +174,42 @@ def start_lines(run_id: str, config: Config, ranks: int, trained: int, dataset: 
     )
     epoch = f"{trained} of {dataset} samples an epoch (the rest rotate in as the order reshuffles)"
     return [batch, *([epoch] if trained < dataset else []), f"output in {shown_path(config.output_dir)}"]
+
+
+def new_best(best: tuple | None, row: dict, config: Config) -> tuple | None:
+    """(value, epoch) of best_metric when this epoch's row beats `best` (the first epoch on a tie); else None."""
+    name = config.best_metric
+    if name not in row:
+        columns = [column for column in row if column not in ("epoch", "step", "lr", "samples_per_s", "resumed")]
+        raise LaunchError(
+            f"best_metric {name!r} is not a metrics.csv column; this recipe's columns are {', '.join(columns)}"
+        )
+    value, sign = float(row[name]), 1 if config.best_mode == "min" else -1
+    return (value, row["epoch"]) if best is None or sign * value < sign * best[0] else None
+
+
+def early_stop_reason(best: tuple | None, epoch: int, config: Config) -> str | None:
+    """Why training ends after `epoch`: best_metric has not improved for early_stop_patience epochs (None: go on)."""
+    patience = config.early_stop_patience
+    if not patience or best is None or epoch - best[1] < patience:
+        return None
+    return (
+        f"stopped early after epoch {epoch}: {config.best_metric} has not improved for {patience} epoch(s)\n"
+        f"best.pt holds epoch {best[1]} ({config.best_metric} {best[0]}), model.pt epoch {epoch}"
+    )
+
+
+def epoch_row(epoch: int, step: int, trained: dict, seen: float, validated: dict, lr: float, grad_norms: list,
+              seconds: float) -> dict:  # fmt: skip
+    """An epoch's metrics.csv row: training means, validation metrics, lr, grad_norm (the mean of the norms before
+    clipping), speed. Values keep every digit of their float64: `evaluate` on the saved weights gives the same."""
+    row = {"epoch": epoch, "step": step}
+    for name, total in trained.items():
+        row[name] = float(total) / max(seen, 1)
+    row.update({f"val_{name}": float(value) for name, value in validated.items()})
+    row["lr"] = lr
+    if grad_norms:
+        norms = torch.stack([norm.double().cpu() for norm in grad_norms])
+        row["grad_norm"] = float(norms[norms.isfinite()].mean())  # fp16 overflow steps are skipped
+    row["samples_per_s"] = round(seen / seconds, 1) if seconds > 0 else math.inf
+    return row

@@ -51,3 +51,9 @@ def exit_status(stop: StopRequested) -> int:
     if stop.signum == signal.SIGINT:
         return INTERRUPTED
     return STOPPED if stop.signum == getattr(signal, "SIGUSR1", None) else TERMINATED
+
+
+def stopped_at(signum: int, step: int) -> str:
+    name = signal.Signals(signum).name
+    why = "a time limit or preemption is near" if name == "SIGUSR1" else "asked to stop"
+    return f"stopped at step {step} on {name} ({why}); the checkpoint is saved, and --resume auto continues from it"

@@ -1,4 +1,5 @@
-"""The random streams a Dataset draws from (torch, numpy, Python's random), seeded per sample, with public APIs only.
+"""Every random stream a rank uses (Python's, numpy's, torch's, CUDA's): seeded, saved and restored exactly, and
+seeded per sample for the Dataset, with public APIs only.
 
 A sample's draws come from (seed, epoch, index) alone, never from the process that fetches it: any num_workers,
 and a resume mid-epoch, give the same batches. numpy's SeedSequence derives the samples' seeds, SEEDS_AT_ONCE
@@ -59,3 +60,57 @@ WATCHED = (
     Stream("numpy", np.random.get_state, np.random.set_state, seed_numpy, _same_numpy_state),
     Stream("python", random.getstate, random.setstate, random.seed, tuple.__eq__),
 )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def roles(devices: tuple[torch.device, ...]) -> dict[str, torch.device]:
+    """This rank's CUDA devices by their role in the engine ("devices[0]" takes the inputs, "devices[-1]" the
+    targets), not by index: the same role finds its device on a machine that numbers or counts GPUs otherwise."""
+    named = {"devices[0]": devices[0], **({"devices[-1]": devices[-1]} if devices[-1] != devices[0] else {})}
+    return {role: device for role, device in named.items() if device.type == "cuda"}
+
+
+def state(devices: tuple[torch.device, ...]) -> dict:
+    """This process's random streams as tensors and plain values (loadable with weights_only=True).
+
+    CUDA's only for this rank's own GPUs, and only when it trains on them: a CPU run never starts CUDA here.
+    """
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    found = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    own = roles(devices)
+    if own:
+        found["cuda"] = {role: torch.cuda.get_rng_state(device) for role, device in own.items()}
+    return found
+
+
+def cuda_states_for(saved, devices: tuple[torch.device, ...]) -> list[tuple[torch.device, torch.Tensor]]:
+    """(device, state) pairs to restore: each saved role on this rank's device of that role.
+
+    A role this rank does not have (a split model resumed as plain DDP) is left at its seed.
+    """
+    return [(device, saved[role]) for role, device in roles(devices).items() if role in (saved or {})]
+
+
+def set_state(saved: dict, devices: tuple[torch.device, ...]) -> None:
+    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in saved["python"]))
+    numpy = saved["numpy"]
+    np.random.set_state(
+        ("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"], numpy["cached"])
+    )
+    torch.set_rng_state(saved["torch"])
+    for device, cuda_state in cuda_states_for(saved.get("cuda"), devices):
+        torch.cuda.set_rng_state(cuda_state, device)

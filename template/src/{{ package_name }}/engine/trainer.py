@@ -1,13 +1,12 @@
-"""The engine's Trainer: one rank's loop over the objects a recipe built, as in PyTorch's DDP tutorial.
-
-Read from fit() down: epochs, steps (micro-batches, gradient accumulation, mixed precision, clipping) and
-validation on all ranks. What a checkpoint holds and how a run resumes is in state.py (Resumable); what an
-epoch leaves behind (metrics.csv, best.pt, early stopping) in epochs.py (EpochRecords).
+"""The engine's Trainer: one rank's training of the objects a recipe built, read from fit() down, as in PyTorch's DDP
+tutorial (train -> _run_epoch -> _run_batch): epochs, steps (micro-batches, gradient accumulation, mixed precision,
+clipping), validation on all ranks, and the state exact resume needs as state_dict() / load_state_dict().
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from pathlib import Path
@@ -15,14 +14,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, records
-from .config import Config, precision_warning
-from .epochs import EpochRecords
-from .loaders import batches_of, map_tensors, order_of, samples_in, to_device
-from .logs import progress_bar, show_training, shown_path
-from .process_group import LaunchError, RankInfo, devices_for, reduction_device, restart_count
-from .state import Resumable, lr_schedule
-from .stopping import STOP_CHECK_EVERY, StopRequested, received
+from . import checkpoint, recipes, records, resuming, scalars, streams
+from .config import precision_warning
+from .context import RankContext
+from .loaders import batches_of, order_of, samples_in
+from .logs import epoch_line, progress_bar, show_epoch, show_training, shown_path
+from .process_group import LaunchError, reduction_device, restart_count
+from .recipes import lr_schedule
+from .stopping import STOP_CHECK_EVERY, StopRequested, received, stopped_at
 from .totals import Totals, all_reduced, validation_metrics
 
 
@@ -30,31 +29,35 @@ class NonFiniteLoss(RuntimeError):
     """The loss turned NaN or infinite; nothing after the last good checkpoint was saved."""
 
 
-class Trainer(Resumable, EpochRecords):
-    """One rank's training, given the objects the recipe built, as in PyTorch's DDP tutorial."""
+class Trainer:
+    """One rank's training, given the objects the recipe built; follows torch.distributed.checkpoint's Stateful."""
 
-    def __init__(self, model, train_data, val_data, optimizer, recipe, config: Config, info: RankInfo, log) -> None:
-        self.model, self.train_data, self.val_data, self.optimizer = model, train_data, val_data, optimizer
-        self.recipe, self.config, self.info, self.log = recipe, config, info, log
-        self.devices = devices_for(config, info.local_rank)
+    def __init__(self, context: RankContext, model, optimizer, train_data, val_data) -> None:
+        self.context, self.model, self.optimizer, self.train_data, self.val_data = (
+            context, model, optimizer, train_data, val_data
+        )  # fmt: skip
+        self.config, self.devices, self.recipe, self.log = context.config, context.devices, context.recipe, context.log
+        config = self.config
         self.output_dir = Path(config.output_dir)
         self.samples_per_step = config.micro_batch * config.accumulate_steps  # per rank
         self.steps_per_epoch = len(order_of(train_data)) // self.samples_per_step
         if self.steps_per_epoch < 1:
             raise LaunchError(
-                f"the training set gives each of {info.world_size} rank(s) {len(order_of(train_data))} samples, fewer "
-                f"than one step's {self.samples_per_step}; lower global_batch_size or use more data"
+                f"the training set gives each of {context.world_size} rank(s) {len(order_of(train_data))} samples, "
+                f"fewer than one step's {self.samples_per_step}; lower global_batch_size or use more data"
             )
         self.total_steps = config.epochs * self.steps_per_epoch
-        self.scheduler = lr_schedule(recipe, optimizer, config, self.total_steps)
+        self.scheduler = lr_schedule(self.recipe, optimizer, config, self.total_steps)
         self.scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16")
         self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.epoch = self.step_in_epoch = self.global_step = 0
         self.run_id, self.best = "", None  # best: (value, epoch) of best_metric so far
-        self.resumed = False  # marks the first epoch after a resume in metrics.csv (and the plot)
+        self.resumed = False
         # The recipe's optional functions; without them, (inputs, targets) batches with loss and metric.
-        self.custom_steps = hasattr(recipe, "training_step")  # a flag, not a bound method: no cycle keeps self alive
-        self.validation_step = getattr(recipe, "validation_step", None)
+        # A partial of module functions, not a bound method: no cycle keeps the trainer (and its group) alive.
+        step = recipes.custom_step if hasattr(self.recipe, "training_step") else recipes.pair_step
+        self.loss_of = functools.partial(step, self.recipe, self.devices)
+        self.validation_step = getattr(self.recipe, "validation_step", None)
         self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         # The epoch so far (a checkpoint mid-epoch carries it): training sums, gradient norms before clipping
         # (max_grad_norm > 0), seconds; and every finished epoch's metrics.csv row, the same on every rank.
@@ -66,32 +69,32 @@ class Trainer(Resumable, EpochRecords):
 
     def fit(self) -> None:
         self.resume()
-        if self.info.rank == 0:
+        config, is_main = self.config, self.context.is_main
+        if is_main:
+            world_size = self.context.world_size
             records.write_run_record(
-                self.output_dir, self.run_id, self.info.world_size, restart_count(), vars(self.config), self.global_step
+                self.output_dir, self.run_id, world_size, restart_count(), vars(config), self.global_step
             )
-            trained = self.steps_per_epoch * self.config.global_batch_size  # of the training set: whole steps only
+            trained = self.steps_per_epoch * config.global_batch_size  # of the training set: whole steps only
             dataset = len(order_of(self.train_data).dataset)
-            for line in records.start_lines(self.run_id, self.config, self.info.world_size, trained, dataset):
+            for line in records.start_lines(self.run_id, config, world_size, trained, dataset):
                 self.log.info(line)
-            if warning := precision_warning(self.config):
+            if warning := precision_warning(config):
                 self.log.warning(warning)
-        drawn = self.info.rank == 0 and self.config.progress
-        progress = progress_bar(self.total_steps, self.schedule_position) if drawn else None
+        progress = progress_bar(self.total_steps, self.schedule_position) if is_main and config.progress else None
         try:
-            for epoch in range(self.epoch, self.config.epochs):
-                stop = self.early_stop_reason()
+            for epoch in range(self.epoch, config.epochs):
+                stop = records.early_stop_reason(self.best, self.epoch, config)
                 if stop:
-                    if self.info.rank == 0:
+                    if is_main:
                         self.log.info(stop)
                     break
                 self.run_epoch(epoch, progress)
         finally:
             if progress is not None:
                 progress.close()
-        if self.info.rank == 0:
-            final = {"model": checkpoint.on_cpu(self.model.module.state_dict()), "epoch": self.epoch}
-            checkpoint.save_atomic({**final, **self.what_it_is()}, self.output_dir / "model.pt")
+        if is_main:
+            self.save_weights(self.output_dir / "model.pt", epoch=self.epoch)
             self.log.info(f"done: {self.global_step} steps; model saved to {shown_path(self.output_dir / 'model.pt')}")
         dist.barrier()
 
@@ -116,29 +119,35 @@ class Trainer(Resumable, EpochRecords):
                 self.save_mid_epoch(started)
             if self.global_step % STOP_CHECK_EVERY == 0 and (stop := self.stop_voted()):
                 self.save_mid_epoch(started)
-                raise StopRequested(self.stopped_at(stop), stop)
+                raise StopRequested(stopped_at(stop, self.global_step), stop)
         seconds = time.perf_counter() - started
         self.validate(validation)
         (trained, seen), (validated, val_seen) = all_reduced([training, validation])  # one all-reduce for both
         self.stop_if_not_finite(float(trained.get("loss", 0.0)))
         self.epoch, self.step_in_epoch = epoch + 1, 0
-        row = self.epoch_row(trained, seen, validated, val_seen, seconds)
+        validated = validation_metrics(self.recipe, validated, val_seen)
+        lr = float(self.scheduler.get_last_lr()[0])
+        row = records.epoch_row(self.epoch, self.global_step, trained, seen, validated, lr, self.grad_norms, seconds)
+        row["resumed"] = int(self.resumed)  # marks the first epoch after a resume (and the plot)
         self.rows.append(row)
         self.training, self.grad_norms, self.seconds, self.resumed = Totals(self.devices[-1]), [], 0.0, False
-        improved = self.track_best(row)  # on every rank: the rows are equal, and early stopping needs it everywhere
+        # On every rank: the rows are equal, and early stopping needs best everywhere.
+        improved = records.new_best(self.best, row, self.config)
+        self.best = improved or self.best
         every = self.config.checkpoint_every
         stop = self.stop_agreed()
-        if not every or self.global_step % every == 0 or stop or self.early_stop_reason():
+        early = records.early_stop_reason(self.best, self.epoch, self.config)
+        if not every or self.global_step % every == 0 or stop or early:
             self.save()  # holds best (value, epoch) with this epoch's row counted
-        if self.info.rank == 0:
-            self.record_epoch(row, progress, improved)
+        if self.context.is_main:
+            self.record_epoch(row, progress, improved is not None)
         if stop:
-            raise StopRequested(self.stopped_at(stop), stop)
+            raise StopRequested(stopped_at(stop, self.global_step), stop)
 
     def run_step(self, batches, totals: Totals) -> None:
         """One optimizer step over accumulate_steps micro-batches; gradients are all-reduced on the last only."""
         self.optimizer.zero_grad(set_to_none=True)
-        parts, step = self.config.accumulate_steps, self.custom_step if self.custom_steps else self.pair_step
+        parts, step = self.config.accumulate_steps, self.loss_of
         for micro in range(parts):
             with contextlib.nullcontext() if micro == parts - 1 else self.model.no_sync():
                 with self.autocast():
@@ -153,35 +162,6 @@ class Trainer(Resumable, EpochRecords):
         self.scaler.update()
         self.scheduler.step()
 
-    def pair_step(self, model, batch) -> tuple[torch.Tensor, dict, dict, int]:
-        """A recipe without training_step: (inputs, targets) batches, `loss` and `metric`."""
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise TypeError(
-                f"the recipe has no training_step, so each batch must be an (inputs, targets) pair, got a "
-                f"{type(batch).__name__}{f' of {len(batch)}' if isinstance(batch, (tuple, list)) else ''}; define "
-                "training_step(model, batch) in the recipe to take batches of any structure "
-                "(docs/make-it-your-own.md)"
-            )
-        inputs, targets = batch
-        targets = to_device(targets, self.devices[-1])
-        outputs = model(to_device(inputs, self.devices[0]))
-        loss = self.recipe.loss(outputs, targets)
-        detached = outputs.detach() if isinstance(outputs, torch.Tensor) else map_tensors(outputs, torch.detach)
-        return loss, {}, {self.recipe.METRIC: self.recipe.metric(detached, targets)}, samples_in(targets)
-
-    def custom_step(self, model, batch) -> tuple[torch.Tensor, dict, dict, int]:
-        """The recipe's training_step: the batch's mean loss, or (loss, {name: value to log})."""
-        result = self.recipe.training_step(model, self.on_devices(batch))
-        loss, logged = result if isinstance(result, tuple) else (result, {})
-        logged = {name: value.detach() if isinstance(value, torch.Tensor) else value for name, value in logged.items()}
-        return loss, logged, {}, samples_in(batch)
-
-    def on_devices(self, batch):
-        """The batch on this rank's device; an (inputs, targets) pair of the split model: targets on its last."""
-        if len(self.devices) > 1 and isinstance(batch, (tuple, list)) and len(batch) == 2:
-            return type(batch)((to_device(batch[0], self.devices[0]), to_device(batch[1], self.devices[-1])))
-        return to_device(batch, self.devices[0])
-
     def autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()  # entering a disabled autocast still costs time every step
@@ -194,11 +174,13 @@ class Trainer(Resumable, EpochRecords):
         module = self.model.module
         self.take_rank_0_buffers(module)
         module.eval()  # no collectives from here: ranks may hold one sample more or less
-        step = self.custom_step if self.custom_steps else self.pair_step
+        step = self.loss_of
         for batch in batches_of(self.val_data):
             with self.autocast():
                 if self.validation_step is not None:
-                    totals.add(samples_in(batch), {}, self.validation_step(module, self.on_devices(batch)))
+                    totals.add(
+                        samples_in(batch), {}, self.validation_step(module, recipes.on_devices(batch, self.devices))
+                    )
                 else:
                     loss, logged, sums, samples = step(module, batch)
                     totals.add(samples, {"loss": loss, **logged}, sums)
@@ -220,6 +202,141 @@ class Trainer(Resumable, EpochRecords):
         self.validate(totals)
         ((sums, samples),) = all_reduced([totals])
         return {"samples": samples, **validation_metrics(self.recipe, sums, samples)}
+
+    def record_epoch(self, row: dict, progress, improved: bool) -> None:
+        """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy) and best.pt."""
+        self.log.info(epoch_line(row, self.config.epochs))
+        show_epoch(progress, row, self.config.epochs)
+        lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows) - 1)
+        if lost:
+            self.log.warning(lost)
+        if self.config.tensorboard:
+            scalars.write(self.output_dir, row)
+        if improved:
+            name = self.config.best_metric
+            self.save_weights(self.output_dir / "best.pt", epoch=row["epoch"], **{name: row[name]})
+
+    def state_dict(self) -> dict:
+        """All that exact resume needs, as a checkpoint holds it. A collective: every rank calls it, as each rank's
+        own random streams and epoch so far are gathered to all (rank 0 saves them)."""
+        ranks: list = [None] * self.context.world_size
+        dist.all_gather_object(ranks, (streams.state(self.devices), self.epoch_so_far()))
+        return {
+            "run_id": self.run_id,
+            "model": checkpoint.on_cpu(self.model.module.state_dict()),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "total_steps": self.total_steps,
+            "scaler": self.scaler.state_dict(),
+            "rng": [rng for rng, _ in ranks],
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "global_step": self.global_step,
+            "best": self.best,
+            "rows": self.rows,
+            "epoch_so_far": [so_far for _, so_far in ranks],
+            # The epoch's order is a function of (seed, epoch, num_replicas); position: samples taken, per rank.
+            "sampler": {
+                "seed": self.config.seed,
+                "epoch": self.epoch,
+                "num_replicas": self.context.world_size,
+                "position": self.step_in_epoch * self.samples_per_step,
+            },
+            **self.what_it_is(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state_dict()`'s contents, with the settings this run changed in effect from here on."""
+        rank, world_size, log = self.context.rank, self.context.world_size, self.log
+        self.model.module.load_state_dict(state["model"])
+        # The hyperparameters this run's settings gave (lr, momentum, ...), before the saved ones replace them.
+        chosen = [
+            {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
+        ]
+        self.optimizer.load_state_dict(state["optimizer"])
+        resuming.restore_scaler(self.scaler, state["config"]["precision"], self.config.precision, state["scaler"], log)
+        self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
+        self.best, self.rows, self.resumed = state["best"], state["rows"], True
+        if self.step_in_epoch:  # the epoch's row goes on from each rank's saved sums
+            own = resuming.own_part(state["epoch_so_far"], rank, world_size)
+            self.training.load_state_dict(own["totals"])
+            self.grad_norms = [norm.to(self.devices[-1]) for norm in own["grad_norms"]]
+            self.seconds = own["seconds"]
+        if len(state["rng"]) == world_size:
+            streams.set_state(state["rng"][rank], self.devices)
+        for warning in resuming.layout_warnings(state, self.config, world_size):
+            log.warning(warning)
+        said, reshaping = resuming.settings_changes(state, self.config, self.steps_per_epoch)
+        if reshaping:
+            self.scheduler, why = resuming.rebuilt_schedule(
+                self.recipe, self.optimizer, chosen, self.config, self.total_steps, self.schedule_position, reshaping
+            )
+            log.warning(f"{', '.join(said[name] for name in reshaping)}: {why}")
+        else:
+            self.scheduler.load_state_dict(state["scheduler"])
+        others = [text for name, text in said.items() if name not in reshaping]
+        if others:
+            log.warning(f"{', '.join(others)}: in effect from here on")
+        if {"best_metric", "best_mode"} & said.keys():  # found again from the run's rows, by the new measure
+            self.best = None
+            for row in self.rows:
+                self.best = records.new_best(self.best, row, self.config) or self.best
+
+    def epoch_so_far(self) -> dict:
+        """This rank's part of the unfinished epoch's row: its training sums, gradient norms and seconds."""
+        norms = [norm.cpu() for norm in self.grad_norms]
+        return {"totals": self.training.state_dict(), "grad_norms": norms, "seconds": self.seconds}
+
+    @property
+    def schedule_position(self) -> int:
+        """The schedule's steps that the samples trained so far make, in this run's batch: the global step, unless
+        a resume changed the batch (global_step counts the steps taken, and names the checkpoints)."""
+        return self.epoch * self.steps_per_epoch + self.step_in_epoch
+
+    def resume(self) -> None:
+        """Rank 0 decides the run's identity and the checkpoint (setting damaged ones aside); all ranks load it."""
+        picked, state = [None, None], None
+        if self.context.is_main:
+            path, state, run_id = records.starting_point(self.config.resume, self.output_dir, self.log.warning)
+            picked = [str(path) if path else None, run_id]
+        dist.broadcast_object_list(picked, src=0)
+        self.run_id = picked[1]
+        if picked[0] is None:
+            return
+        self.load_state_dict(state or checkpoint.load(Path(picked[0])))
+        if self.context.is_main:  # rows of epochs after the checkpoint go: those epochs are trained again
+            lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows))
+            if lost:
+                self.log.warning(lost)
+        # The start line names the output folder: a checkpoint in it is named by its file name alone.
+        picked_path = Path(picked[0])
+        in_output = picked_path.parent.resolve() == checkpoint.directory(self.output_dir).resolve()
+        shown = picked_path.name if in_output else shown_path(picked_path)
+        where = resuming.where_it_continues(self.epoch, self.step_in_epoch, self.config.epochs, self.steps_per_epoch)
+        self.log.info(f"resumed from {shown}: {where}")
+
+    def what_it_is(self) -> dict:
+        """Beside the weights in every checkpoint, best.pt and model.pt, as plain values: the settings, the recipe's
+        module and the versions. A script with the file alone rebuilds the model: recipe.model(Config(**config))."""
+        settings = {name: value for name, value in vars(self.config).items() if name != "environment"}
+        return {"config": settings, "recipe": self.config.recipe, "versions": records.versions()}
+
+    def save_weights(self, path: Path, **about) -> None:
+        """Rank 0: the weights alone (model.pt, best.pt), with what they are."""
+        checkpoint.save_atomic({"model": checkpoint.on_cpu(self.model.module.state_dict()), **about,
+                                **self.what_it_is()}, path)  # fmt: skip
+
+    def save(self) -> None:
+        """Rank 0 writes; everyone waits so no rank runs ahead of a checkpoint."""
+        state = self.state_dict()
+        if self.context.is_main:
+            started = time.perf_counter()
+            checkpoint.save_atomic(state, checkpoint.path_for(self.output_dir, self.global_step, self.run_id))
+            checkpoint.prune(self.output_dir, self.run_id, self.config.keep_checkpoints)
+            late = checkpoint.slow_save_warning(time.perf_counter() - started, self.config.timeout_s)
+            if late:
+                self.log.warning(late)
+        dist.barrier()
 
     def save_mid_epoch(self, started: float) -> None:
         self.seconds = time.perf_counter() - started

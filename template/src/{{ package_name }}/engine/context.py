@@ -1,0 +1,57 @@
+"""One rank's fixed facts, made once in its entry function (rank.py) and handed to everything below it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from . import PACKAGE
+from .config import Config
+from .process_group import RankInfo, devices_for
+from .recipes import load_recipe
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Who this rank is, where it computes, what it trains and where it logs (Lightning Fabric's global_rank,
+    world_size, device and is_global_zero, in one place)."""
+
+    config: Config
+    rank: int
+    local_rank: int
+    world_size: int
+    node_rank: int
+    started_by: str  # for the log: spawn (this program), torchrun, srun
+    devices: tuple[torch.device, ...]  # one for plain DDP; the split model's two: inputs on [0], targets on [-1]
+    recipe: ModuleType
+    log: logging.Logger  # rank<N>: logs.rank_logger gives it its files once rank 0 has claimed the folder
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def create(cls, config: Config, info: RankInfo, log: logging.Logger | None = None) -> RankContext:
+        """The rank's context: its devices computed and the recipe imported (and checked) here, once."""
+        return cls(
+            config=config,
+            rank=info.rank,
+            local_rank=info.local_rank,
+            world_size=info.world_size,
+            node_rank=info.rank // config.nproc_per_node,
+            started_by=info.started_by,
+            devices=devices_for(config, info.local_rank),
+            recipe=load_recipe(config.recipe),
+            log=log or logging.getLogger(f"{PACKAGE}.rank{info.rank}"),
+        )
+
+    def use_devices(self) -> None:
+        """Compute where this rank owns: its GPU as CUDA's current device, or its share of the CPU's cores."""
+        if self.devices[0].type == "cuda":
+            torch.cuda.set_device(self.devices[0])
+        else:  # ranks share the cores; more threads than cores only slows every rank down
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.config.nproc_per_node))
