@@ -15,4 +15,4 @@ class PointsWithANaN(Points):
 
 
 def datasets(config):
-    return PointsWithANaN(config.samples, seed=config.seed), Points(101, seed=config.seed + 1)
+    return PointsWithANaN(config.settings["samples"], seed=config.seed), Points(101, seed=config.seed + 1)

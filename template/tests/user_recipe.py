@@ -44,7 +44,7 @@ class Classifier(nn.Module):
 
 
 def datasets(config):
-    return Points(config.samples, seed=config.seed), Points(101, seed=config.seed + 1)
+    return Points(config.settings["samples"], seed=config.seed), Points(101, seed=config.seed + 1)
 
 
 def model(config, devices):

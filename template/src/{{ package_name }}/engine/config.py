@@ -133,18 +133,6 @@ class Config:
     # and every checkpoint with the rest of the config.
     settings: dict = field(default_factory=dict)
 
-    def __getattr__(self, name: str):
-        """A [recipe] setting read as an attribute: config.lr is config.settings["lr"].
-
-        recipe.py is the user's and an update never rewrites it, so recipes written when lr, momentum and
-        samples were engine settings keep reading config.lr. Only reached for names that are not fields.
-        """
-        settings = self.__dict__.get("settings", {})  # unpickling asks for attributes before there are any
-        if name in settings:
-            return settings[name]
-        listed = ", ".join(settings) or "none"
-        raise AttributeError(f"Config has no setting {name!r}: not the engine's, nor in [recipe] (there: {listed})")
-
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
@@ -237,7 +225,6 @@ RECIPE_CHECKS = {
 }
 # They were [train] settings before [recipe] existed. A train.toml of that time (a project not updated yet,
 # or an update that kept the user's file as it was) still trains: they are read as [recipe] settings.
-MOVED_TO_RECIPE = ("lr", "momentum", "samples")
 # Names a [recipe] setting cannot take: the engine's settings, Config's own attributes, the flags' names.
 _TAKEN = {f.name for f in dataclasses.fields(Config)} | {name for name in dir(Config) if not name.startswith("_")}
 _TAKEN |= {alias[2:].replace("-", "_") for f in SETTINGS for alias in f.metadata["aliases"]} | {"config", "set", "help"}
@@ -340,14 +327,10 @@ def read_layer(path: Path) -> dict:
 
 
 def recipe_table(path: Path, data: dict) -> dict:
-    """[recipe], taken out of the parsed file, with the toy's settings an older train.toml kept in [train]."""
+    """[recipe], taken out of the parsed file."""
     settings = data.pop("recipe", {})
     if not isinstance(settings, dict):
         raise ConfigError(f"{path}: recipe must be a table ([recipe]), got {settings!r}")
-    train = data.get("train", {})
-    for name in MOVED_TO_RECIPE:
-        if name in train and settings.setdefault(name, train[name]) != train.pop(name):
-            raise ConfigError(f"{path}: {name} is set in [train] and in [recipe]; keep the one in [recipe]")
     for name, value in settings.items():
         if not name.isidentifier() or name in _TAKEN:
             why = "is the name of an engine setting or flag" if name in _TAKEN else "is not a Python name"
