@@ -30,7 +30,7 @@ LINUX_LAUNCHERS = ["train.sh", "setup_env.sh"]
 # The user's files and the entry points on top, the engine in its own package.
 PACKAGE_MODULES = [
     "__init__", "recipe", "model", "data", "train", "evaluate", "doctor", "plot",
-    "engine/__init__", "engine/launch", "engine/process_group", "engine/rank", "engine/trainer", "engine/state",
+    "engine/__init__", "engine/launch", "engine/process_group", "engine/rank", "engine/trainer", "engine/context",
 ]  # fmt: skip
 COMPUTED = ["dist_backend", "world_size", "torch_index_url", "torch_pin", "support_matrix", "torch_series"]
 
