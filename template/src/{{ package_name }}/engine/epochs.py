@@ -68,8 +68,9 @@ class EpochRecords:
             "continues from it"
         )
 
-    def record_epoch(self, row: dict, progress, improved: bool) -> None:
-        """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy) and best.pt."""
+    def record_epoch(self, row: dict, progress, weights: dict | None) -> None:
+        """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy) and best.pt (`weights`:
+        the model's, where the epoch improved best_metric)."""
         self.log.info(epoch_line(row, self.config.epochs))
         show_epoch(progress, row, self.config.epochs)
         lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows) - 1)
@@ -77,8 +78,8 @@ class EpochRecords:
             self.log.warning(lost)
         if self.config.tensorboard:
             scalars.write(self.output_dir, row)
-        if improved:
+        if weights is not None:
             name = self.config.best_metric
-            best = {"model": checkpoint.on_cpu(self.model.module.state_dict()), "epoch": row["epoch"], name: row[name]}
+            best = {"model": weights, "epoch": row["epoch"], name: row[name]}
             best.update(self.what_it_is())
             checkpoint.save_atomic(best, self.output_dir / "best.pt")

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from . import PACKAGE, checkpoint, loaders, records, state
+from . import PACKAGE, checkpoint, loaders, records, sharding, state
 from .config import Config
 from .files import WriteError, write_text_durably
 from .logs import rank_logger, shown_path
@@ -240,14 +240,18 @@ def build_trainer(config: Config, info: RankInfo, log, split: str = "val") -> Tr
         )
     state.seed_everything(config.seed + info.rank)  # then each rank its own stream (dropout, augmentation, ...)
     single_gpu = len(devices) == 1 and devices[0].type == "cuda"  # a model over two devices has no device_ids
-    wrapped = DistributedDataParallel(
-        model, device_ids=[devices[0]] if single_gpu else None, gradient_as_bucket_view=True
-    )  # one gradient copy less per step
-    if reduce_gradients_where_gloo_can(wrapped):
+    if config.parallelism == sharding.FSDP:
+        wrapped = sharding.shard(model, recipe, config, devices[0])
+    else:
+        wrapped = DistributedDataParallel(
+            model, device_ids=[devices[0]] if single_gpu else None, gradient_as_bucket_view=True
+        )  # one gradient copy less per step
+    if config.parallelism != sharding.FSDP and reduce_gradients_where_gloo_can(wrapped):
         log.debug("gradients are all-reduced through host memory: gloo has no all_reduce of GPU tensors on Windows")
     where = (info.rank, info.world_size, config.seed, config.num_workers, devices[0].type == "cuda")
     train_data = loaders.training_loader(train_set, config.micro_batch, *where)
     val_data = loaders.validation_loader(val_set, config.micro_batch * config.accumulate_steps, *where)
+    # The optimizer over the model's parameters as they are now: fully_shard made them this rank's shards.
     return Trainer(wrapped, train_data, val_data, recipe.optimizer(model, config), recipe, config, info, log)
 
 
@@ -262,7 +266,7 @@ def score(config: Config, info: RankInfo, weights: dict, checkpoint_path: str, s
     """The weights' validation sums and metrics on `split`. The trainer lives in here only: see in_the_group()."""
     trainer = build_trainer(config, info, logging.getLogger(f"{PACKAGE}.evaluate"), split)
     try:
-        trainer.model.module.load_state_dict(weights)
+        sharding.load_weights(trainer.model, weights)
     except RuntimeError as error:
         raise LaunchError(
             f"{checkpoint_path} does not fit the recipe's model ({str(error).strip().splitlines()[-1].strip()}); "

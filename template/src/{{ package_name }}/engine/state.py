@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, records
+from . import checkpoint, records, sharding
 from .config import MOVED_TO_RECIPE, SETTING_NAMES
 from .logs import shown_path
 
@@ -129,8 +129,9 @@ class Resumable:
         dist.all_gather_object(ranks, (state(self.devices), self.epoch_so_far()))
         return {
             "run_id": self.run_id,
-            "model": checkpoint.on_cpu(self.model.module.state_dict()),
-            "optimizer": self.optimizer.state_dict(),
+            # Whole, in ddp's format, on rank 0 (it writes): under fsdp every rank takes part in gathering them.
+            "model": sharding.full_weights(self.model),
+            "optimizer": sharding.optimizer_state(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "total_steps": self.total_steps,
             "scaler": self.scaler.state_dict(),
@@ -158,11 +159,11 @@ class Resumable:
         return {"config": settings, "recipe": self.config.recipe, "versions": records.versions()}
 
     def load_state(self, state: dict) -> None:
-        self.model.module.load_state_dict(state["model"])
+        sharding.load_weights(self.model, state["model"])
         # The hyperparameters this run's settings gave (lr, momentum, ...), before the saved ones replace them.
         groups = self.optimizer.param_groups
         chosen = [{key: value for key, value in group.items() if key != "params"} for group in groups]
-        self.optimizer.load_state_dict(state["optimizer"])
+        sharding.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         restore_scaler(self.scaler, state["config"].get("precision"), self.config.precision, state["scaler"], self.log)
         self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
         self.best = state.get("best")

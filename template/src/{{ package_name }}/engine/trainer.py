@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, records
+from . import checkpoint, records, sharding
 from .config import Config, precision_warning
 from .epochs import EpochRecords
 from .loaders import batches_of, map_tensors, order_of, samples_in, to_device
@@ -89,8 +89,9 @@ class Trainer(Resumable, EpochRecords):
         finally:
             if progress is not None:
                 progress.close()
+        weights = sharding.full_weights(self.model)  # every rank: under fsdp it gathers
         if self.info.rank == 0:
-            final = {"model": checkpoint.on_cpu(self.model.module.state_dict()), "epoch": self.epoch}
+            final = {"model": weights, "epoch": self.epoch}
             checkpoint.save_atomic({**final, **self.what_it_is()}, self.output_dir / "model.pt")
             self.log.info(f"done: {self.global_step} steps; model saved to {shown_path(self.output_dir / 'model.pt')}")
         dist.barrier()
@@ -130,8 +131,9 @@ class Trainer(Resumable, EpochRecords):
         stop = self.stop_agreed()
         if not every or self.global_step % every == 0 or stop or self.early_stop_reason():
             self.save()  # holds best (value, epoch) with this epoch's row counted
+        weights = sharding.full_weights(self.model) if improved else None  # every rank: under fsdp it gathers
         if self.info.rank == 0:
-            self.record_epoch(row, progress, improved)
+            self.record_epoch(row, progress, weights)
         if stop:
             raise StopRequested(self.stopped_at(stop), stop)
 
@@ -148,7 +150,7 @@ class Trainer(Resumable, EpochRecords):
         if self.config.max_grad_norm:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
             # The gradients are all-reduced, so every rank computes the same norm; over both devices of a split model.
-            self.grad_norms.append(torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm))
+            self.grad_norms.append(sharding.clip_grad_norm(self.parameters, self.config.max_grad_norm))
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
@@ -195,13 +197,14 @@ class Trainer(Resumable, EpochRecords):
         self.take_rank_0_buffers(module)
         module.eval()  # no collectives from here: ranks may hold one sample more or less
         step = self.custom_step if self.custom_steps else self.pair_step
-        for batch in batches_of(self.val_data):
-            with self.autocast():
-                if self.validation_step is not None:
-                    totals.add(samples_in(batch), {}, self.validation_step(module, self.on_devices(batch)))
-                else:
-                    loss, logged, sums, samples = step(module, batch)
-                    totals.add(samples, {"loss": loss, **logged}, sums)
+        with sharding.whole_for_validation(self.model):  # fsdp: gathered once, before the first batch
+            for batch in batches_of(self.val_data):
+                with self.autocast():
+                    if self.validation_step is not None:
+                        totals.add(samples_in(batch), {}, self.validation_step(module, self.on_devices(batch)))
+                    else:
+                        loss, logged, sums, samples = step(module, batch)
+                        totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
 
     @staticmethod
