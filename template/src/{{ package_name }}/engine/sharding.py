@@ -20,8 +20,8 @@ torch/csrc/distributed/c10d/ProcessGroupGloo.cpp) implements reduce_scatter_tens
 gradient reduce-scatter reaches, as a clone of the input, an allreduce and a copy of the rank's chunk; the
 Windows builds of torch have no gloo allreduce of CUDA tensors (pytorch/pytorch#186535, process_group.py's
 reduction_device), and the engine keeps every gloo collective on the host, as a rule. Config.problems refuses
-it, and fp16 (below). On the CPU the same fact means that gloo's reduce-scatter moves as many bytes as an all-reduce: fsdp there
-saves memory, not communication.
+it, and fp16 (below). On the CPU the same fact means that gloo's reduce-scatter moves as many bytes as an
+all-reduce: fsdp there saves memory, not communication.
 
 fp16 is refused: the GradScaler the engine has unscales whole gradients and finds inf or NaN in them per rank;
 sharded gradients need a scaler that agrees over the ranks. bf16 goes through MixedPrecisionPolicy (bf16
