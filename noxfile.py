@@ -56,6 +56,9 @@ TORCH_ENV = [
 TIERS = {
     "windows-cpu-default": "not torchrun",  # both tiers on the spawn path, the one Windows uses
     "linux-torchrun": "not slow or torchrun",  # the fast tier plus every torchrun scenario
+    # What fsdp changes: the fsdp tests' fast tier and the checks of the generated settings; the rest of its
+    # fast tier is the same code as the other sets', with ddp's settings (the runs name their parallelism).
+    "linux-fsdp-cpu": "not slow and (fsdp or answers)",
 }
 FAST_TIER = "not slow"
 # Tests of one answer that set it with their own flags run alike in every render: the set that runs both tiers
