@@ -56,6 +56,9 @@ TORCH_ENV = [
 TIERS = {
     "windows-cpu-default": "not torchrun",  # both tiers on the spawn path, the one Windows uses
     "linux-torchrun": "not slow or torchrun",  # the fast tier plus every torchrun scenario
+    # What fsdp changes: the fsdp tests' fast tier and the checks of the generated settings; the rest of its
+    # fast tier is the same code as the other sets', with ddp's settings (the runs name their parallelism).
+    "linux-fsdp-cpu": "not slow and (fsdp or answers)",
 }
 FAST_TIER = "not slow"
 # Tests of one answer that set it with their own flags run alike in every render: the set that runs both tiers
@@ -66,6 +69,7 @@ LEFT_TO_ITS_ANSWER_SET = {
         "tests/test_devices.py::test_runs_resume_across_precision_changes": "both-os-bf16",
         "tests/test_ddp.py::test_bf16_autocast_on_cpu_learns_with_fp32_parameters": "both-os-bf16",
         "tests/test_ddp.py::test_split_model_over_two_cpu_devices_matches_plain_ddp": "model-parallel-linux-4gpu",
+        "tests/test_fsdp.py::test_fsdp_on_two_ranks_ends_bitwise_equal_to_ddp": "linux-fsdp-cpu",
     },
 }
 # configs/train.toml says "Edit freely", and the project's tests read their own copy of the generated settings:

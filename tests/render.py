@@ -52,6 +52,8 @@ ANSWER_SETS: dict[str, dict] = {
         "backend": "nccl",
         "mixed_precision": "fp16",
     },
+    # Sharded data parallel (FSDP2) on the CPU over gloo: the one place it runs without GPUs.
+    "linux-fsdp-cpu": {"target_os": "linux", "parallelism": "fsdp", "project_name": "linux-fsdp"},
 }
 
 

@@ -132,7 +132,7 @@ def test_windows_gpu_project_typed_refusals_and_no_nccl_or_torchrun_to_pick(plai
     prompt.send(CLEAR_LINE + "-1" + ENTER)
     prompt.sees("Validation error for question 'gpus_per_node': use 0 (CPU) or more")
     prompt.send(CLEAR_LINE + "2" + ENTER)
-    prompt.answer("How should each process hold the model?", ENTER)  # asked: 2 GPUs can hold a split model
+    prompt.answer("How should each process hold the model?", ENTER)  # ddp
     prompt.answer("How many processes", ENTER)
     prompt.answer("Which PyTorch release", CLEAR_LINE, "2.8.0", ENTER)
     prompt.sees("Validation error for question 'torch_version': use 2.10+: gloo fails on Windows")
@@ -178,8 +178,12 @@ def test_cpu_project_shows_fp16_disabled_with_its_fix_and_skips_it(plain_templat
     prompt = Prompt(plain_template, tmp_path / "cpu")
     defaults_until(prompt, *NAMES_AND_README)
     prompt.answer("Which operating systems", DOWN, DOWN, ENTER)  # Both: Linux may use torchrun
-    defaults_until(prompt, "How many GPUs", "How many processes", "Which PyTorch release", "Which Python version",
-                   "Which PyTorch build")  # fmt: skip
+    prompt.answer("How many GPUs", ENTER)
+    prompt.sees("How should each process hold the model?")  # asked on the CPU too: fsdp runs there
+    menu = prompt.sees("fsdp (sharded)")
+    assert "- ddp_model_parallel (split model) (use ddp: a split model needs 2+ GPUs)" in menu
+    prompt.send(ENTER)  # ddp
+    defaults_until(prompt, "How many processes", "Which PyTorch release", "Which Python version", "Which PyTorch build")
     prompt.answer("How should Linux start the ranks?", DOWN, ENTER)  # torchrun: allowed, Linux is a target
     defaults_until(prompt, "How many machines", "Which TCP port")
     prompt.sees("Which autocast precision")
@@ -190,7 +194,7 @@ def test_cpu_project_shows_fp16_disabled_with_its_fix_and_skips_it(plain_templat
     prompt.finish()
     answers = prompt.answers()
     assert (answers["mixed_precision"], answers["launcher"], answers["target_os"]) == ("bf16", "torchrun", "both")
-    assert "backend" not in answers and "parallelism" not in answers  # a CPU project has neither choice
+    assert "backend" not in answers and answers["parallelism"] == "ddp"  # a CPU project has no backend to pick
     assert 'backend = "gloo"' in prompt.config()
 
 
@@ -199,7 +203,8 @@ def test_linux_gpu_project_may_pick_nccl(plain_template, tmp_path):
     defaults_until(prompt, *NAMES_AND_README)
     prompt.answer("Which operating systems", DOWN, ENTER)
     prompt.answer("How many GPUs", CLEAR_LINE, "1", ENTER)
-    defaults_until(prompt, "How many processes", "Which PyTorch release", "Which Python version", "Which PyTorch build")
+    defaults_until(prompt, "How should each process hold the model?", "How many processes", "Which PyTorch release",
+                   "Which Python version", "Which PyTorch build")  # fmt: skip
     prompt.answer("Which collective backend?", DOWN, DOWN, ENTER)
     defaults_until(prompt, "How should Linux start the ranks?", "How many machines", "Which TCP port",
                    "Which autocast precision")  # fmt: skip
@@ -233,7 +238,7 @@ def test_a_chinese_terminal_is_asked_in_chinese_and_refused_nccl_on_windows_in_c
     prompt.answer("每台机器有几块 GPU？（填数字；0 表示用 CPU 训练）", CLEAR_LINE, "-1", ENTER)
     prompt.sees("Validation error for question 'gpus_per_node': 填 0（CPU）或更大的数")
     prompt.send(CLEAR_LINE + "2" + ENTER)
-    prompt.answer("每个进程怎样放置模型？（拆分的模型占 2 块 GPU）", ENTER)
+    prompt.answer("每个进程怎样放置模型？", ENTER)
     prompt.answer("每台机器启动几个进程（rank）？（填数字）", ENTER)
     prompt.answer("用哪个 PyTorch 版本，格式 X.Y.Z？（2.4 到 2.14；已测试 2.13.0）", CLEAR_LINE, "2.8.0", ENTER)
     prompt.sees("Validation error for question 'torch_version': 换 2.10+：Windows 上 gloo 失效")
@@ -260,7 +265,7 @@ def test_without_a_locale_picking_both_readmes_asks_the_rest_in_chinese(plain_te
     prompt = Prompt(plain_template, tmp_path / "both", locale=None)  # as in a Windows console
     prompt.answer("Which language should the README use?", DOWN, DOWN, ENTER)  # Both
     defaults_until(prompt, "项目叫什么名字？", "Python 包叫什么名字？", "训练在哪些操作系统上运行？",
-                   "每台机器有几块 GPU？", "每台机器启动几个进程", "用哪个 PyTorch 版本",
+                   "每台机器有几块 GPU？", "每个进程怎样放置模型？", "每台机器启动几个进程", "用哪个 PyTorch 版本",
                    "conda 环境用哪个 Python 版本？", "用 torch 2.13 的哪个版本？", "共有几台机器一起训练？",
                    "节点 0 监听哪个 TCP 端口？")  # fmt: skip
     prompt.sees("autocast 用哪种混合精度？（参数和梯度仍为 fp32）")

@@ -51,6 +51,22 @@ REFUSED = {
         "use 2 or fewer: 2 GPUs each",
     ),
     "fp16-on-cpu": ({"mixed_precision": "fp16"}, "use bf16 or no: fp16 needs CUDA"),
+    "fsdp-with-fp16": (
+        {"target_os": "linux", "gpus_per_node": 2, "cuda": "cu126", "parallelism": "fsdp", "mixed_precision": "fp16"},
+        "use bf16: fsdp has no fp16 GradScaler",
+    ),
+    "fsdp-on-windows-gpus": (
+        {"gpus_per_node": 2, "cuda": "cu126", "parallelism": "fsdp"},
+        "use ddp or Linux+nccl: no GPU fsdp on Windows",
+    ),
+    "fsdp-on-both-os-gpus": (
+        {"target_os": "both", "gpus_per_node": 1, "cuda": "cu126", "parallelism": "fsdp"},
+        "use ddp or Linux+nccl: no GPU fsdp on Windows",
+    ),
+    "fsdp-on-gpus-with-gloo": (
+        {"target_os": "linux", "gpus_per_node": 2, "cuda": "cu126", "parallelism": "fsdp", "backend": "gloo"},
+        "use nccl or auto: fsdp on GPUs needs nccl",
+    ),
     "more-processes-than-gpus": (
         {"gpus_per_node": 2, "cuda": "cu126", "nproc_per_node": 3},
         "use 2 or fewer: 1 GPU each",
@@ -98,6 +114,10 @@ REFUSED_IN_CHINESE = {
     "model-parallel-one-gpu": "改用 ddp：拆分模型至少要 2 块 GPU",
     "model-parallel-too-many-processes": "最多填 2：每个进程占 2 块 GPU",
     "fp16-on-cpu": "改用 bf16 或 no：fp16 需要 CUDA",
+    "fsdp-with-fp16": "改用 bf16：fsdp 没有 fp16 的 GradScaler",
+    "fsdp-on-windows-gpus": "改用 ddp 或 Linux+nccl：Windows 无 fsdp GPU",
+    "fsdp-on-both-os-gpus": "改用 ddp 或 Linux+nccl：Windows 无 fsdp GPU",
+    "fsdp-on-gpus-with-gloo": "改用 nccl 或 auto：GPU 上的 fsdp 需要 nccl",
     "more-processes-than-gpus": "最多填 2：每个进程占 1 块 GPU",
     "negative-gpus": "填 0（CPU）或更大的数",
     "zero-processes": "填 1 或更大的数",
@@ -147,7 +167,8 @@ WITH_A_REASON = [
     "nccl-on-windows", "nccl-without-gpus", "gpus-with-cpu-build", "unpublished-cuda-tag", "torch-2.8-on-windows",
     "torch-2.9-on-both", "torch-not-on-index", "package-is-keyword", "package-shadows-torch",
     "torchrun-on-windows", "model-parallel-one-gpu", "model-parallel-too-many-processes", "fp16-on-cpu",
-    "more-processes-than-gpus",
+    "more-processes-than-gpus", "fsdp-with-fp16", "fsdp-on-windows-gpus", "fsdp-on-both-os-gpus",
+    "fsdp-on-gpus-with-gloo",
 ]  # fmt: skip
 
 
@@ -179,6 +200,9 @@ ACCEPTED = {
     "oldest-series": {"torch_version": "2.4.1", "gpus_per_node": 1, "cuda": "cu118", "python_version": "3.9"},
     "multi-node-real-ip": {"nnodes": 2, "master_addr": "192.168.1.10"},
     "gpus-default-to-their-count": {"gpus_per_node": 3},
+    "fsdp-on-linux-gpus-in-bf16": dict(
+        target_os="linux", gpus_per_node=2, cuda="cu126", parallelism="fsdp", mixed_precision="bf16"
+    ),
     **ANSWER_SETS,
 }
 

@@ -110,7 +110,8 @@ class Config:
     )
     precision: str = setting("autocast precision; parameters stay fp32", choices=("no", "fp16", "bf16"))
     parallelism: str = setting(
-        "one device per process, or the model split over 2", choices=("ddp", "ddp_model_parallel")
+        "one device per process, the model split over 2, or sharded over the ranks",
+        choices=("ddp", "ddp_model_parallel", "fsdp"),
     )
     deterministic: bool = setting("deterministic algorithms only (slower)")
     progress: bool = setting("progress bar on rank 0 (only when stdout is a terminal)")
@@ -181,6 +182,17 @@ class Config:
         if self.precision == "fp16" and self.device != "cuda":
             cpu = "precision=bf16 on the CPU" if native_bf16() is not False else "precision=no on this CPU"
             found.append(f"precision=fp16 needs device=cuda; use {cpu}")
+        # fsdp (engine/sharding.py says why); here, as this module must not import torch.
+        if self.parallelism == "fsdp" and self.precision == "fp16":
+            found.append(
+                "parallelism=fsdp cannot use precision=fp16: sharded gradients need a GradScaler that checks them "
+                "for inf over all ranks, which the engine does not have; use precision=bf16"
+            )
+        if self.parallelism == "fsdp" and self.device == "cuda" and self.backend != "nccl":
+            found.append(
+                "parallelism=fsdp on GPUs needs backend=nccl (Linux): gloo reduce-scatters through an all_reduce, "
+                "which torch on Windows cannot run on GPU tensors; use parallelism=ddp there"
+            )
         if self.backend == "nccl" and self.device != "cuda":
             found.append("backend=nccl needs device=cuda; use backend=gloo on the CPU")
         if self.master_addr.lower() == "localhost":

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from . import PACKAGE, checkpoint, loaders, records, streams
+from . import PACKAGE, checkpoint, loaders, records, sharding, streams
 from .config import Config
 from .context import RankContext
 from .files import WriteError, write_text_durably
@@ -136,14 +136,18 @@ def build_trainer(context: RankContext, split: str = "val") -> Trainer:
         )
     streams.seed_everything(config.seed + context.rank)  # then each rank its own stream (dropout, augmentation, ...)
     single_gpu = len(devices) == 1 and devices[0].type == "cuda"  # a model over two devices has no device_ids
-    wrapped = DistributedDataParallel(
-        model, device_ids=[devices[0]] if single_gpu else None, gradient_as_bucket_view=True
-    )  # one gradient copy less per step
-    if reduce_gradients_where_gloo_can(wrapped):
-        context.log.debug("gradients are all-reduced through host memory: gloo's all_reduce of GPU tensors is missing")
+    if config.parallelism == sharding.FSDP:
+        wrapped = sharding.shard(model, recipe, config, devices[0])
+    else:
+        wrapped = DistributedDataParallel(
+            model, device_ids=[devices[0]] if single_gpu else None, gradient_as_bucket_view=True
+        )  # one gradient copy less per step
+        if reduce_gradients_where_gloo_can(wrapped):
+            context.log.debug("gradients are all-reduced through host memory: gloo's GPU all_reduce is missing")
     where = (context.rank, context.world_size, config.seed, config.num_workers, devices[0].type == "cuda")
     train_data = loaders.training_loader(train_set, config.micro_batch, *where)
     val_data = loaders.validation_loader(val_set, config.micro_batch * config.accumulate_steps, *where)
+    # The optimizer over the model's parameters as they are now: fully_shard made them this rank's shards.
     return Trainer(context, wrapped, recipe.optimizer(model, config), train_data, val_data)
 
 
@@ -158,7 +162,7 @@ def score(context: RankContext, weights: dict, checkpoint_path: str, split: str)
     """The weights' validation sums and metrics on `split`. The trainer lives in here only: see in_the_group()."""
     trainer = build_trainer(context, split)
     try:
-        trainer.model.module.load_state_dict(weights)
+        sharding.load_weights(trainer.model, weights)
     except RuntimeError as error:
         raise LaunchError(
             f"{checkpoint_path} does not fit the recipe's model ({str(error).strip().splitlines()[-1].strip()}); "

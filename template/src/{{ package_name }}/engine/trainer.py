@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, recipes, records, resuming, scalars, streams
+from . import checkpoint, recipes, records, resuming, scalars, sharding, streams
 from .config import precision_warning
 from .context import RankContext
 from .loaders import batches_of, order_of, samples_in
@@ -93,8 +93,8 @@ class Trainer:
         finally:
             if progress is not None:
                 progress.close()
+        self.save_weights(self.output_dir / "model.pt", epoch=self.epoch)
         if is_main:
-            self.save_weights(self.output_dir / "model.pt", epoch=self.epoch)
             self.log.info(f"done: {self.global_step} steps; model saved to {shown_path(self.output_dir / 'model.pt')}")
         dist.barrier()
 
@@ -139,8 +139,9 @@ class Trainer:
         early = records.early_stop_reason(self.best, self.epoch, self.config)
         if not every or self.global_step % every == 0 or stop or early:
             self.save()  # holds best (value, epoch) with this epoch's row counted
+        weights = sharding.full_weights(self.model) if improved else None  # every rank: under fsdp it gathers
         if self.context.is_main:
-            self.record_epoch(row, progress, improved is not None)
+            self.record_epoch(row, progress, weights)
         if stop:
             raise StopRequested(stopped_at(stop, self.global_step), stop)
 
@@ -157,7 +158,7 @@ class Trainer:
         if self.config.max_grad_norm:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
             # The gradients are all-reduced, so every rank computes the same norm; over both devices of a split model.
-            self.grad_norms.append(torch.nn.utils.clip_grad_norm_(self.parameters, self.config.max_grad_norm))
+            self.grad_norms.append(sharding.clip_grad_norm(self.parameters, self.config.max_grad_norm))
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
@@ -175,15 +176,15 @@ class Trainer:
         self.take_rank_0_buffers(module)
         module.eval()  # no collectives from here: ranks may hold one sample more or less
         step = self.loss_of
-        for batch in batches_of(self.val_data):
-            with self.autocast():
-                if self.validation_step is not None:
-                    totals.add(
-                        samples_in(batch), {}, self.validation_step(module, recipes.on_devices(batch, self.devices))
-                    )
-                else:
-                    loss, logged, sums, samples = step(module, batch)
-                    totals.add(samples, {"loss": loss, **logged}, sums)
+        with sharding.whole_for_validation(self.model):  # fsdp: gathered once, before the first batch
+            for batch in batches_of(self.val_data):
+                with self.autocast():
+                    if self.validation_step is not None:
+                        batch = recipes.on_devices(batch, self.devices)
+                        totals.add(samples_in(batch), {}, self.validation_step(module, batch))
+                    else:
+                        loss, logged, sums, samples = step(module, batch)
+                        totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
 
     @staticmethod
@@ -203,8 +204,9 @@ class Trainer:
         ((sums, samples),) = all_reduced([totals])
         return {"samples": samples, **validation_metrics(self.recipe, sums, samples)}
 
-    def record_epoch(self, row: dict, progress, improved: bool) -> None:
-        """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy) and best.pt."""
+    def record_epoch(self, row: dict, progress, weights: dict | None) -> None:
+        """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy) and best.pt (`weights`:
+        the model's, where the epoch improved best_metric)."""
         self.log.info(epoch_line(row, self.config.epochs))
         show_epoch(progress, row, self.config.epochs)
         lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows) - 1)
@@ -212,9 +214,11 @@ class Trainer:
             self.log.warning(lost)
         if self.config.tensorboard:
             scalars.write(self.output_dir, row)
-        if improved:
+        if weights is not None:
             name = self.config.best_metric
-            self.save_weights(self.output_dir / "best.pt", epoch=row["epoch"], **{name: row[name]})
+            checkpoint.save_atomic(
+                {"model": weights, "epoch": row["epoch"], name: row[name], **self.what_it_is()}, self.output_dir / "best.pt"
+            )
 
     def state_dict(self) -> dict:
         """All that exact resume needs, as a checkpoint holds it. A collective: every rank calls it, as each rank's
@@ -223,8 +227,9 @@ class Trainer:
         dist.all_gather_object(ranks, (streams.state(self.devices), self.epoch_so_far()))
         return {
             "run_id": self.run_id,
-            "model": checkpoint.on_cpu(self.model.module.state_dict()),
-            "optimizer": self.optimizer.state_dict(),
+            # Whole, in ddp's format, on rank 0 (it writes): under fsdp every rank takes part in gathering them.
+            "model": sharding.full_weights(self.model),
+            "optimizer": sharding.optimizer_state(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "total_steps": self.total_steps,
             "scaler": self.scaler.state_dict(),
@@ -248,12 +253,12 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state_dict()`'s contents, with the settings this run changed in effect from here on."""
         rank, world_size, log = self.context.rank, self.context.world_size, self.log
-        self.model.module.load_state_dict(state["model"])
+        sharding.load_weights(self.model, state["model"])
         # The hyperparameters this run's settings gave (lr, momentum, ...), before the saved ones replace them.
         chosen = [
             {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
         ]
-        self.optimizer.load_state_dict(state["optimizer"])
+        sharding.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         resuming.restore_scaler(self.scaler, state["config"]["precision"], self.config.precision, state["scaler"], log)
         self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
         self.best, self.rows, self.resumed = state["best"], state["rows"], True
@@ -322,9 +327,10 @@ class Trainer:
         return {"config": settings, "recipe": self.config.recipe, "versions": records.versions()}
 
     def save_weights(self, path: Path, **about) -> None:
-        """Rank 0: the weights alone (model.pt, best.pt), with what they are."""
-        checkpoint.save_atomic({"model": checkpoint.on_cpu(self.model.module.state_dict()), **about,
-                                **self.what_it_is()}, path)  # fmt: skip
+        """The weights alone (model.pt), with what they are: every rank calls it (fsdp gathers), rank 0 writes."""
+        weights = sharding.full_weights(self.model)
+        if self.context.is_main:
+            checkpoint.save_atomic({"model": weights, **about, **self.what_it_is()}, path)
 
     def save(self) -> None:
         """Rank 0 writes; everyone waits so no rank runs ahead of a checkpoint."""
