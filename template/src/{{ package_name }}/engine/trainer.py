@@ -216,9 +216,8 @@ class Trainer:
             scalars.write(self.output_dir, row)
         if weights is not None:
             name = self.config.best_metric
-            checkpoint.save_atomic(
-                {"model": weights, "epoch": row["epoch"], name: row[name], **self.what_it_is()}, self.output_dir / "best.pt"
-            )
+            best = {"model": weights, "epoch": row["epoch"], name: row[name], **self.what_it_is()}
+            checkpoint.save_atomic(best, self.output_dir / "best.pt")
 
     def state_dict(self) -> dict:
         """All that exact resume needs, as a checkpoint holds it. A collective: every rank calls it, as each rank's
