@@ -467,8 +467,14 @@ def from_command_line(argv: list[str] | None, prog: str) -> Config:
     input, and with 0 after --print-config has shown the result."""
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    first.add_argument("--set", action="append", default=[])
     try:
-        values, sources = layered(first.parse_known_args(argv)[0].config)
+        known = first.parse_known_args(argv)[0]
+        values, sources = layered(known.config)
+        # A setting that only --set names is listed by --help and has its own flag, as the files' settings have.
+        for assignment in known.set:
+            if assignment.partition("=")[0].strip() not in values["settings"]:
+                values["settings"] = override(values["settings"], assignment)
     except ConfigError as error:
         build_parser(prog).error(str(error))
     config = Config(**values)
