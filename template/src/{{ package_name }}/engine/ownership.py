@@ -25,15 +25,13 @@ import multiprocessing
 import os
 import shutil
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .process_group import under_torchrun
+from .processes import WINDOWS, under_torchrun
 
-WINDOWS = sys.platform == "win32"
 # Windows locks byte ranges, and a locked range cannot be read by others: lock one byte far past the
 # holder's note (pid, host, run) at the start of the file, so a refused launch can still read who holds it.
 _WINDOWS_LOCKED_BYTE = 1 << 30

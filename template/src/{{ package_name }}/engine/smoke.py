@@ -24,9 +24,9 @@ from pathlib import Path
 
 from . import PACKAGE
 from .config import Config
+from .devices import as_flags, fit_to, gpus_needed
 from .launch import spawn, training
 from .logs import wrapped
-from .process_group import as_flags, fit_to, gpus_needed
 
 PROBE = "probe"  # the probe's per-rank results: <output_dir>/probe/rank<N>.json
 STEPS_PER_EPOCH = 10  # two epochs: 20 steps, a checkpoint after the first 10
