@@ -1,7 +1,4 @@
-"""Starting the ranks of one machine and watching them, from both sides: restarts, heartbeats, stop requests.
-
-The launcher imports no torch: each rank imports it in the function it runs (`training` here, or another).
-"""
+"""Starting the ranks of one machine and watching them, from both sides: restarts, heartbeats, stop requests."""
 
 from __future__ import annotations
 
