@@ -45,16 +45,16 @@ class Engine:
 
     def __init__(self, package: str, output: str, rank: int, ranks: int, unseeded: bool) -> None:
         engine = importlib.import_module(f"{package}.engine")
-        config_module, context_module, rank_module, totals, process_group, self.loaders = (
+        command_line, context_module, rank_module, totals, processes, self.loaders = (
             importlib.import_module(f"{package}.engine.{part}")
-            for part in ("config", "context", "rank", "totals", "process_group", "loaders")
+            for part in ("command_line", "context", "rank", "totals", "processes", "loaders")
         )
-        self.config = config_module.from_command_line(
+        self.config = command_line.from_command_line(
             ["--config", str(engine.PROJECT_ROOT / "configs" / "train.toml"), "--output-dir", output,
              "--resume", "none", "--nproc-per-node", str(ranks), "--global-batch-size", str(BATCH * ranks),
              "--samples", str(SAMPLES * ranks)], "bench",
         )  # fmt: skip
-        info = process_group.RankInfo(rank, rank, ranks, "bench")
+        info = processes.RankInfo(rank, rank, ranks, "bench")
         context = context_module.RankContext.create(self.config, info, logging.getLogger("bench"))
         self.trainer = rank_module.build_trainer(context)
         self.totals = totals.Totals(torch.device("cpu"))

@@ -30,9 +30,12 @@ except Exception as error:  # noqa: BLE001 - ImportError, OSError ("libcudnn.so.
     torch = dist = None
     TORCH_FAILURE = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
 
-from .engine.config import DEFAULT_CONFIG, Config, ConfigError, load
+from .engine.config import DEFAULT_CONFIG, Config, ConfigError
+from .engine.config_file import load
+from .engine.devices import backend_problems, visible_gpus
+from .engine.launch import check_port_free
 from .engine.logs import wrapped
-from .engine.process_group import LaunchError, backend_problems, check_port_free, gloo_binding, visible_gpus
+from .engine.process_group import LaunchError, gloo_binding
 
 PROG = f"python -m {__package__}.doctor"
 

@@ -20,14 +20,17 @@ import json
 import sys
 from pathlib import Path
 
-from .engine import config as settings
+from .engine.command_line import build_parser, with_flags
+from .engine.config import DEFAULT_CONFIG, Config, ConfigError
+from .engine.config_file import load
 from .engine.launch import evaluation, join_as_rank, spawn
 from .engine.ownership import private_temporary_folder
-from .engine.process_group import LaunchError, torchrun_rank, under_torchrun
+from .engine.process_group import LaunchError
+from .engine.processes import torchrun_rank, under_torchrun
 from .engine.records import RUN_RECORD
 
 PROG = f"python -m {__package__}.evaluate"
-SETTING_NAMES = {field.name for field in dataclasses.fields(settings.Config)}
+SETTING_NAMES = {field.name for field in dataclasses.fields(Config)}
 
 
 def run_folder(checkpoint: Path) -> Path:
@@ -50,10 +53,10 @@ def trained_settings(checkpoint: Path) -> dict:
     return {**carried, "output_dir": str(run_folder(checkpoint))}  # the run's own folder is elsewhere
 
 
-def run_settings(checkpoint: Path, config_file: Path) -> settings.Config:
+def run_settings(checkpoint: Path, config_file: Path) -> Config:
     """The settings the checkpoint was trained with, on top of config_file for any it lacks."""
     trained = trained_settings(checkpoint)
-    base = settings.load(config_file)
+    base = load(config_file)
     return dataclasses.replace(base, **{name: value for name, value in trained.items() if name in SETTING_NAMES})
 
 
@@ -61,18 +64,18 @@ def result_path(checkpoint: Path, split: str) -> Path:
     return checkpoint.with_name(f"{checkpoint.stem}.{split}.json")
 
 
-def from_command_line(argv: list[str] | None) -> tuple[settings.Config, Path, str]:
+def from_command_line(argv: list[str] | None) -> tuple[Config, Path, str]:
     """(settings, checkpoint, split); exits with status 2 and a one-line reason on bad input."""
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--checkpoint", type=Path)
-    first.add_argument("--config", type=Path, default=settings.DEFAULT_CONFIG)
+    first.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     known, _ = first.parse_known_args(argv)
-    parser = settings.build_parser(PROG)
+    parser = build_parser(PROG)
     try:
-        config = run_settings(known.checkpoint, known.config) if known.checkpoint else settings.load(known.config)
-    except (settings.ConfigError, ValueError, TypeError) as error:
+        config = run_settings(known.checkpoint, known.config) if known.checkpoint else load(known.config)
+    except (ConfigError, ValueError, TypeError) as error:
         parser.error(str(error))
-    parser = settings.build_parser(PROG, current=config)
+    parser = build_parser(PROG, current=config)
     parser.description = __doc__.splitlines()[0] + ". Every training flag overrides the run's setting."
     parser.add_argument("--checkpoint", type=Path, required=True, help="best.pt, model.pt or a step checkpoint")
     parser.add_argument("--split", choices=("val", "test"), default="val", help="which data set (default: val)")
@@ -80,7 +83,7 @@ def from_command_line(argv: list[str] | None) -> tuple[settings.Config, Path, st
     checkpoint, split = args.pop("checkpoint"), args.pop("split")
     if not checkpoint.is_file():
         parser.error(f"checkpoint not found: {checkpoint}")
-    config = settings.with_flags(config, args, parser)
+    config = with_flags(config, args, parser)
     return dataclasses.replace(config, max_restarts=0), checkpoint, split  # a failed evaluation is simply rerun
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import sys
 
-from .engine.config import from_command_line
-from .engine.launch import TRAIN_COMMAND, join_as_rank, resume_command, spawn
+from .engine.command_line import TRAIN_COMMAND, from_command_line, resume_command
+from .engine.launch import join_as_rank, spawn
 from .engine.logs import wrapped
 from .engine.ownership import InUse, holding_the_output_dir, private_temporary_folder
-from .engine.process_group import LaunchError, torchrun_rank, under_torchrun
+from .engine.process_group import LaunchError
+from .engine.processes import torchrun_rank, under_torchrun
 from .engine.stopping import INTERRUPTED, TERMINATED, WHEN_INTERRUPTED
 
 

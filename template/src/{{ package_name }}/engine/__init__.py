@@ -19,8 +19,7 @@ __all__ = ["PACKAGE", "PROJECT_ROOT", "Batch", "Config"]
 
 
 def __getattr__(name: str):
-    """Config on first use, not at import: `python -m <package>.engine.config` (the launchers) runs config.py
-    as a script, which Python warns about when the package has imported it already."""
+    """Config on first use, not at import: config.py imports PROJECT_ROOT from here."""
     if name == "Config":
         from .config import Config
 

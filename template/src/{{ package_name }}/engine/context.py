@@ -11,7 +11,8 @@ import torch
 
 from . import PACKAGE
 from .config import Config
-from .process_group import RankInfo, devices_for
+from .devices import devices_for
+from .processes import RankInfo
 from .recipes import load_recipe
 
 

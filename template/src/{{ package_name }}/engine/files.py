@@ -1,19 +1,4 @@
-"""Every file the training writes goes through write_durably: it either appears whole, or not at all.
-
-The steps, in this order:
-1. write to `<name>.tmp` in the same folder;
-2. flush and fsync it, so its bytes are on the disk before any name points at them
-   (without this, a power cut right after the rename can leave a zero-length file under the new name);
-3. os.replace it over the final name (atomic on Windows and POSIX);
-4. fsync the folder on POSIX, so the rename itself survives a power cut (Windows cannot open folders).
-
-A write that runs out of disk space removes its temporary file and stops with "no space left on device
-while writing <file>", so every earlier file stays as it was.
-
-On Windows an antivirus scanner, the search indexer or a OneDrive/Dropbox client can hold a file for a
-moment, and os.replace then fails with WinError 5 or 32. Those two errors are retried for about two
-seconds before the write gives up with a message that names the file and what usually holds it.
-"""
+"""Every file the training writes goes through write_durably: it either appears whole, or not at all."""
 
 from __future__ import annotations
 
@@ -49,7 +34,7 @@ def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
         with open(temporary, "wb") as handle:
             write(handle)
             handle.flush()
-            os.fsync(handle.fileno())
+            os.fsync(handle.fileno())  # else a power cut right after the rename can leave an empty file there
         replace(temporary, path)
     except BaseException as error:
         temporary.unlink(missing_ok=True)  # never leave a partial file behind
@@ -107,7 +92,8 @@ def is_transient_lock(error: OSError) -> bool:
 
 
 def replace(source: Path, target: Path) -> None:
-    """os.replace, retried while another program briefly holds one of the two files (Windows)."""
+    """os.replace, retried while another program (an antivirus scanner, the search indexer, a sync client) briefly
+    holds one of the two files, which Windows reports as WinError 5 or 32."""
     for delay in (*RETRY_DELAYS, None):
         try:
             os.replace(source, target)

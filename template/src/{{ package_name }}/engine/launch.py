@@ -1,89 +1,39 @@
-"""Starts the ranks of one machine and watches them: restarts, heartbeats, stop requests, exit statuses.
-
-The launcher process uses only the standard library: torch is imported by the ranks alone, in the function
-each rank runs (`training` here, or the evaluation's and the smoke check's). Each rank is a spawned process
-(process_group.START_METHOD) that imports the project afresh, as on Windows.
-"""
+"""Starting the ranks of one machine and watching them, from both sides: restarts, heartbeats, stop requests."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import math
 import multiprocessing.connection
 import os
-import re
-import shlex
 import shutil
 import signal
-import subprocess
+import socket
 import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from . import PACKAGE
 from .config import Config
-from .logs import shown_path, wrapped
-from .process_group import (
-    RESTART_VARIABLE,
-    STORE_FILE_VARIABLE,
-    WINDOWS,
-    LaunchError,
-    RankInfo,
-    check_port_free,
-    process_context,
-    rendezvous_environment,
-    restart_count,
-    torchrun_rank,
-    under_torchrun,
-)
+from .failures import REFUSED, describe_silence, first_failure, outcome, write_report
+from .process_group import RESTART_VARIABLE, STORE_FILE_VARIABLE, LaunchError, restart_count
+from .processes import WINDOWS, RankInfo, process_context, torchrun_rank, under_torchrun
 from .stopping import INTERRUPTED, STOPPED, TERMINATED, WHEN_INTERRUPTED, listen_for_stop_requests
 
 FOLLOWERS_GRACE_S = 3  # how long a failed rank's peers get to end and report, so the first failure is named
-# A collective whose peer left: gloo's source path in the error ("Connection reset by peer", "Connection closed").
-GLOO_LOST_A_PEER = re.compile(r"gloo[/\\]transport[/\\]")
 STOPPING_GRACE_S = 30  # how long ranks that stopped on request get to end before they are killed
-REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
-TRAIN_COMMAND = f"python -m {PACKAGE}.train"
-
-# scripts/train.* name themselves here (as the user typed them) and pass --config first.
-LAUNCHER_VARIABLE = "DDP_LAUNCHER"
-
-
-def resume_command(argv: list[str] | None) -> str:
-    """The command that was run, with --resume auto instead of any --resume it had: the launcher script and
-    the user's own arguments when a launcher started this, else this module with every argument."""
-    args, kept = list(sys.argv[1:] if argv is None else argv), []
-    launcher = os.environ.get(LAUNCHER_VARIABLE)
-    if launcher and args[:1] == ["--config"]:
-        args = args[2:]  # the launcher's own --config, which it passes again
-    while args:
-        arg = args.pop(0)
-        if arg == "--resume" and args:
-            args.pop(0)
-        elif not arg.startswith("--resume="):
-            kept.append(arg)
-    rest = [*kept, "--resume", "auto"]
-    line = subprocess.list2cmdline if sys.platform == "win32" else shlex.join
-    return f"{launcher} {line(rest)}" if launcher else line([*TRAIN_COMMAND.split(), *rest])
-
-
 _heartbeat: tuple | None = None  # (shared array, slot) of a spawned rank: see _run_ranks
 
 
 def die_with_the_launcher() -> None:
     """Stop this rank within about a second once the process that started it is gone; beat meanwhile.
 
-    A launcher killed outright (SIGKILL, the task manager, its console window closed) cannot stop its
-    ranks, which would train on, write to the output folder and hold their GPUs. Spawned ranks wait on
-    their parent's sentinel (Windows and POSIX); ranks under torchrun notice that they were re-parented.
-    The same thread writes a heartbeat every second for the launcher, from its own thread, so a rank that
-    waits in a collective still beats and only a frozen (suspended, stopped) process falls silent.
+    A launcher killed outright (SIGKILL, its console window closed) cannot stop its ranks, which would train on
+    and hold their GPUs. Spawned ranks wait on their parent's sentinel; ranks under torchrun notice that they
+    were re-parented. The heartbeat comes from this thread, so only a frozen process falls silent, not a rank
+    that waits in a collective.
     """
     parent = multiprocessing.parent_process()
     if parent is None and WINDOWS:
@@ -134,7 +84,7 @@ def become_a_rank(rank_main: Callable[[Config, RankInfo], int]) -> None:
         # stop: kept from the start, acted on once training runs.
         listen_for_stop_requests((signal.SIGINT,))
     elif not under_torchrun():
-        ignore_interrupts_in_children()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing to save: the launcher stops them all on Ctrl+C
 
 
 def join_as_rank(config: Config, rank_main: Callable[[Config, RankInfo], int] = training) -> int:
@@ -143,12 +93,30 @@ def join_as_rank(config: Config, rank_main: Callable[[Config, RankInfo], int] = 
     return rank_main(torchrun_layout(config), torchrun_rank())
 
 
-def _spawned_rank(local_rank: int, config: Config, beats, report: str, rank_main: Callable) -> None:
-    """Entry point of every spawned process (top level, so Windows can pickle it).
+def torchrun_layout(config: Config) -> Config:
+    """Under torchrun, torchrun decides the process layout and the restarts, not the config."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc_per_node))
+    torchrun_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    if config.max_restarts not in (0, torchrun_restarts) and torchrun_rank().rank == 0:
+        print(
+            f"warning: max_restarts={config.max_restarts} does not apply under torchrun, which restarts the ranks "
+            f"itself (here {torchrun_restarts} time(s)): use MAX_RESTARTS={config.max_restarts} scripts/train.sh "
+            f"or torchrun --max-restarts {config.max_restarts}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return dataclasses.replace(
+        config,
+        nproc_per_node=local,
+        nnodes=int(os.environ["WORLD_SIZE"]) // local,
+        max_restarts=torchrun_restarts,
+        # A restarted rank continues from the newest checkpoint, as on the spawn path.
+        resume="auto" if restart_count() else config.resume,
+    )
 
-    A failure is written to `report` for the launcher: a refusal (LaunchError) as its message, anything
-    else as its traceback. The file, not a pipe: a long traceback cannot block a rank that is exiting.
-    """
+
+def _spawned_rank(local_rank: int, config: Config, beats, report: str, rank_main: Callable) -> None:
+    """Entry point of every spawned process (top level, so Windows can pickle it); a failure goes to `report`."""
     global _heartbeat
     _heartbeat = (beats, local_rank)
     if not WINDOWS:
@@ -165,16 +133,9 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, rank_main
         become_a_rank(rank_main)
         status = rank_main(config, info)
     except Exception as error:
-        refused = isinstance(error, LaunchError)
-        failure = {
-            "refused": refused,
-            "message": str(error) if refused else traceback.format_exc(),
-            "time": time.time(),
-        }
-    else:
-        sys.exit(status or 0)  # a normal end: atexit handlers and finalisers run, as in any Python program
-    Path(report).write_text(json.dumps(failure), encoding="utf-8")
-    sys.exit(1)
+        write_report(report, error)
+        sys.exit(1)
+    sys.exit(status or 0)  # a normal end: atexit handlers and finalisers run, as in any Python program
 
 
 _running: list = []  # the ranks of the current start, for the launcher's signal handler
@@ -182,10 +143,8 @@ _stop_signal = 0  # the signal that asked the launcher to stop its ranks cleanly
 
 
 def _ask_ranks_to_stop(signum, frame) -> None:
-    """SIGTERM (or Ctrl+Break) reached the launcher: pass it on, so the ranks agree, save and stop.
-
-    Windows delivers Ctrl+Break to every process of the console, the ranks too; it has no SIGTERM to pass on.
-    """
+    """SIGTERM reached the launcher: pass it on, so the ranks agree, save and stop (Windows gives Ctrl+Break to
+    every process of the console)."""
     global _stop_signal
     first, _stop_signal = not _stop_signal, signum
     if first and not WINDOWS:
@@ -196,21 +155,19 @@ def _ask_ranks_to_stop(signum, frame) -> None:
 
 
 def spawn(config: Config, rank_main: Callable[[Config, RankInfo], int] = training) -> int:
-    """Start config.nproc_per_node ranks on this machine and wait for all of them.
+    """Start config.nproc_per_node ranks on this machine, each running `rank_main(config, info)`, and wait for all
+    of them; the job's exit status.
 
-    Each runs `rank_main(config, info)`: a top-level function (or a functools.partial of one), so that it
-    reaches the spawned process by name, and one that imports torch only when called.
-
-    Returns the exit status for the whole job: 0 when every rank finished,
-    otherwise non-zero. When one rank fails, the others are stopped, so the
-    job never hangs on a dead peer; with max_restarts > 0 all ranks are then
-    started again and resume from the newest checkpoint (a refusal is not retried).
-    Ctrl+C stops every rank and returns 130; SIGTERM (Ctrl+Break on Windows) asks them to save a checkpoint
-    and stop, and returns 143.
+    `rank_main` is a top-level function (or a functools.partial of one) that imports torch only when called. When
+    one rank fails, the others are stopped, and with max_restarts > 0 all start again from the newest checkpoint
+    (a refusal is not retried). Ctrl+C stops every rank (130); SIGTERM (Ctrl+Break on Windows) asks them to save
+    a checkpoint and stop (143).
     """
     global _stop_signal
     _stop_signal = 0
-    os.environ.update(rendezvous_environment(config))
+    os.environ.update({"MASTER_ADDR": config.master_addr, "MASTER_PORT": str(config.master_port)})
+    if WINDOWS:
+        os.environ["USE_LIBUV"] = "0"  # Windows wheels have no libuv; the TCP store of a multi-node job asks for it
     if config.nnodes > 1 and config.node_rank == 0:
         check_port_free(config.master_addr, config.master_port)
     warn_about_oversubscription(config)
@@ -249,13 +206,31 @@ def warn_about_oversubscription(config: Config) -> None:
         )
 
 
+def check_port_free(address: str, port: int) -> None:
+    """Fail fast, naming the port, instead of a rank dying deep inside TCPStore."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        if not WINDOWS:
+            # TCPStore binds with SO_REUSEADDR, so a port in TIME_WAIT from the last run is free for it too (on
+            # Windows the flag would let us share a port that is really in use).
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as error:
+            hint = (
+                " On Windows, ports reserved by Hyper-V/WSL/Docker are listed by "
+                "`netsh interface ipv4 show excludedportrange protocol=tcp`."
+            )
+            raise LaunchError(
+                f"master_port {port} on {address} is not available ({error.strerror or error}). "
+                f"Pick another port: --master-port {port + 1 if port < 65535 else 29500}, "
+                f"or master_port in configs/train.toml.{hint}"
+            ) from None
+
+
 @contextlib.contextmanager
 def _start_folder(config: Config):
-    """A new folder for one start of the ranks: their failure reports and, on one machine, their store.
-
-    On one machine the ranks meet through a file there (a FileStore), so nothing listens on a port.
-    A new folder per start: a store file left by a killed attempt would mix two attempts' keys.
-    """
+    """A new folder for one start of the ranks: their failure reports and, on one machine, the FileStore they meet
+    through (so nothing listens on a port); new per start, as a killed start's store would mix in its keys."""
     folder = Path(tempfile.mkdtemp(prefix="ddp-start-"))
     if config.nnodes == 1:
         os.environ[STORE_FILE_VARIABLE] = str(folder / "store")
@@ -299,7 +274,7 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
             silent = _silent_ranks(beats, config.timeout_s, ranks)
             if silent:
                 _stop(ranks)
-                print(f"error: {_describe(silent)}; every rank was stopped", file=sys.stderr, flush=True)
+                print(f"error: {describe_silence(silent)}; every rank was stopped", file=sys.stderr, flush=True)
                 return 1
     except KeyboardInterrupt:
         if rank_main is training:
@@ -316,53 +291,14 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
     for rank in ranks:
         rank.join(timeout=max(0.0, deadline - time.monotonic()))
     ended = [slot for slot, rank in enumerate(ranks) if rank.exitcode not in (None, 0)]
-    failures = {slot: _read_report(reports[slot]) for slot in ended}
-    slot = min(ended, key=lambda slot: _following(failures[slot]))
-    failure, code = failures[slot], ranks[slot].exitcode
+    slot, failure = first_failure(ended, reports)
+    code = ranks[slot].exitcode
     silent = _silent_ranks(beats, 3.0, ranks) if failure else {}  # a rank timed out waiting: was a peer frozen?
     if code in (STOPPED, TERMINATED):  # every rank saved and is ending too: let each end as a program does
         for rank in ranks:
             rank.join(timeout=STOPPING_GRACE_S)
     _stop(ranks)
-    if code in (STOPPED, TERMINATED):
-        asked_by = "SIGUSR1" if code == STOPPED else signal.Signals(_stop_signal or signal.SIGTERM).name
-        print(f"stopped on {asked_by} with a checkpoint saved; --resume auto continues", file=sys.stderr, flush=True)
-        return code
-    if failure and failure["refused"]:
-        print(wrapped(f"error: {failure['message']}"), file=sys.stderr, flush=True)
-        return REFUSED
-    if failure:
-        reason = [line for line in failure["message"].splitlines() if line.strip()][-1]
-        logs = Path(config.output_dir) / "logs"
-        details = f" (details: {shown_path(logs / 'rank*.log')})" if logs.is_dir() else ""  # where logs were written
-        cause = f"{_describe(silent)}, and " if silent else ""
-        if not details:  # no log of this run holds the traceback: it goes here
-            print(failure["message"].rstrip(), file=sys.stderr, flush=True)
-        print(wrapped(f"error: {cause}rank {slot} failed: {reason}{details}"), file=sys.stderr, flush=True)
-        return 1
-    if _stop_signal:  # asked to stop before the ranks could save (still starting)
-        print(
-            f"interrupted by {signal.Signals(_stop_signal).name}: every rank was stopped", file=sys.stderr, flush=True
-        )
-        return TERMINATED
-    how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    print(f"error: rank {slot} {how}", file=sys.stderr, flush=True)
-    return code if code > 0 else 1
-
-
-def _following(failure: dict | None) -> tuple[bool, float]:
-    """Sorts a rank's failure after those it may have followed: a rank whose peer left fails with gloo's transport
-    error, which comes after every other failure; then the earliest report, then the ranks that left none."""
-    if failure is None:
-        return False, math.inf
-    return GLOO_LOST_A_PEER.search(failure["message"]) is not None, failure["time"]
-
-
-def _read_report(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None  # the rank ended without a report: killed, or it exited with a status of its own
+    return outcome(config, slot, code, failure, silent, _stop_signal)
 
 
 def _silent_ranks(beats, after_s: float, ranks: list) -> dict[int, float]:
@@ -375,19 +311,10 @@ def _silent_ranks(beats, after_s: float, ranks: list) -> dict[int, float]:
     }
 
 
-def _describe(silent: dict[int, float]) -> str:
-    return "; ".join(
-        f"rank {slot} stopped answering (no sign of life for {seconds:.0f} s: suspended, stopped or frozen)"
-        for slot, seconds in silent.items()
-    )
-
-
 def _stop(processes: list) -> None:
-    """Kill every rank still alive, and on POSIX every process a rank started (its process group: DataLoader
-    workers, which would otherwise outlive the job for seconds and print into its console). Not SIGTERM: a
-    rank takes that as a request to save and stop, which a job ending on a failure or Ctrl+C has no peers
-    left for (and a frozen rank cannot handle at all). Windows has no process groups; a DataLoader worker
-    there ends by itself within 5 seconds of its rank (torch's own watchdog)."""
+    """Kill every rank still alive with, on POSIX, its process group (its DataLoader workers would outlive the job
+    for seconds; on Windows torch's watchdog ends them within 5 s). Not SIGTERM: a rank takes that as a request
+    to save and stop, which a job ending on a failure has no peers left for."""
     started = [process for process in processes if process.pid is not None]
     for process in started:
         if not WINDOWS:
@@ -399,15 +326,10 @@ def _stop(processes: list) -> None:
         process.join()
 
 
-def ignore_interrupts_in_children() -> None:
-    """Ranks that have nothing to save leave Ctrl+C to the parent, which stops them all in order."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _interrupt(ranks: list) -> None:
-    """Ctrl+C: each rank saves a checkpoint where SIGTERM would have it save one, and stops; a second Ctrl+C, or
-    STOPPING_GRACE_S, ends them at once. The ranks run in process groups of their own, so the terminal's Ctrl+C
-    reaches them from here (a Windows console gives it to every process: the ranks have it already)."""
+    """Ctrl+C: each rank saves a checkpoint and stops; a second Ctrl+C, or STOPPING_GRACE_S, ends them at once.
+    The ranks run in process groups of their own, so the terminal's Ctrl+C reaches them from here (a Windows
+    console gives it to every process)."""
     try:
         for rank in ranks:
             if not WINDOWS and rank.pid is not None:
@@ -419,25 +341,3 @@ def _interrupt(ranks: list) -> None:
     except KeyboardInterrupt:
         pass
     _stop(ranks)
-
-
-def torchrun_layout(config: Config) -> Config:
-    """Under torchrun, torchrun decides the process layout and the restarts, not the config."""
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", config.nproc_per_node))
-    torchrun_restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
-    if config.max_restarts not in (0, torchrun_restarts) and torchrun_rank().rank == 0:
-        print(
-            f"warning: max_restarts={config.max_restarts} does not apply under torchrun, which restarts the ranks "
-            f"itself (here {torchrun_restarts} time(s)): use MAX_RESTARTS={config.max_restarts} scripts/train.sh "
-            f"or torchrun --max-restarts {config.max_restarts}",
-            file=sys.stderr,
-            flush=True,
-        )
-    return dataclasses.replace(
-        config,
-        nproc_per_node=local,
-        nnodes=int(os.environ["WORLD_SIZE"]) // local,
-        max_restarts=torchrun_restarts,
-        # A restarted rank continues from the newest checkpoint, as on the spawn path.
-        resume="auto" if restart_count() else config.resume,
-    )

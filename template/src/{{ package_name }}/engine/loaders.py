@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, S
 from torch.utils.data._utils.collate import default_collate
 
 from . import Batch
-from .process_group import process_context
+from .processes import process_context
 from .streams import WATCHED, sample_seed, seed_torch
 
 

@@ -1,8 +1,4 @@
-"""One log file per rank (torchrun's redirects do not work on Windows); rank 0 also prints.
-
-What rank 0 prints is written for an 80-column console (the Windows default): the run's lines
-are built here to fit it, and the progress bar keeps its ETA, rate and loss at that width.
-"""
+"""What the ranks log and print: a log file per rank, and rank 0's console lines, fitted to 80 columns."""
 
 from __future__ import annotations
 
@@ -34,7 +30,8 @@ class AboveTheBar(logging.StreamHandler):
 
 
 def rank_logger(logger: logging.Logger, output_dir: Path, rank: int) -> logging.Logger:
-    """`logger`, writing to logs/rank<N>.log (and rank 0's to the console too)."""
+    """`logger`, writing to logs/rank<N>.log (torchrun's redirects do not work on Windows); rank 0's to the console
+    too."""
     logger.setLevel(logging.DEBUG)  # the file gets DEBUG lines too; the console only INFO
     logger.handlers.clear()
     logger.propagate = False
@@ -59,7 +56,7 @@ def rank_logger(logger: logging.Logger, output_dir: Path, rank: int) -> logging.
     return logger
 
 
-COLUMNS = 80  # the narrowest console the lines are written for
+COLUMNS = 80  # the narrowest console the lines are written for: the Windows default
 
 
 def shown_path(path: Path | str) -> str:

@@ -1,19 +1,5 @@
-"""What a run holds while it lives: its output folder, and a temporary folder of its own.
-
-Both are held through an exclusive lock on a file, which the operating system drops when the holder
-ends, however it ends (a normal exit, a crash, SIGKILL, a closed console window): a killed run never
-leaves a stale lock behind. POSIX uses flock, Windows msvcrt.locking. Torch-free: the launcher holds them.
-
-- The output folder: output_dir/.node<N>.lock, held by the process that owns the run on node N, that is
-  the launcher on the spawn path, or local rank 0 under torchrun or srun (its launcher is not this program).
-  A second launch into the same folder is refused before it writes anything. A folder shared by several
-  nodes gets one lock per node, so the nodes of one job never refuse each other, while a second job's
-  node 0 meets the first job's lock.
-- Temporary files: multiprocessing's pymp-* folders, the ranks' store folders (ddp-start-*), torch's
-  own temporary files all go into one ddp-run-* folder per launch, deleted when the launch ends. A folder
-  left by a killed launch is deleted by the next launch on this machine: its lock is free once its owner
-  is gone.
-"""
+"""What a run holds while it lives, its output folder and a temporary folder, each through a file lock that the
+operating system drops however the holder ends (SIGKILL and a closed console window included)."""
 
 from __future__ import annotations
 
@@ -25,15 +11,13 @@ import multiprocessing
 import os
 import shutil
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from .process_group import under_torchrun
+from .processes import WINDOWS, under_torchrun
 
-WINDOWS = sys.platform == "win32"
 # Windows locks byte ranges, and a locked range cannot be read by others: lock one byte far past the
 # holder's note (pid, host, run) at the start of the file, so a refused launch can still read who holds it.
 _WINDOWS_LOCKED_BYTE = 1 << 30
@@ -136,7 +120,8 @@ def _make_folder(output_dir: Path) -> None:
 def hold_output_dir(output_dir: Path, node: int = 0) -> Iterator[None]:
     """Hold output_dir for this run's node until the block ends; InUse when another live run holds it.
 
-    A folder this created and the run left empty (a refused start) is removed again.
+    One lock per node (.node<N>.lock): the nodes of one job never refuse each other, while a second job's node 0
+    meets the first job's lock. A folder this created and the run left empty (a refused start) is removed again.
     """
     output_dir = Path(output_dir)
     created = not output_dir.exists()
@@ -205,8 +190,27 @@ def sweep_temporary_folders(parent: Path) -> None:
 
 
 @contextlib.contextmanager
+def temporary_files_in(folder: Path) -> Iterator[None]:
+    """Point this process's children (TMPDIR, TEMP, TMP) at `folder` while the block runs."""
+    saved = {name: os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")}
+    os.environ.update(dict.fromkeys(saved, str(folder)))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
 def private_temporary_folder() -> Iterator[Path]:
-    """Point this process and its children (TMPDIR, TEMP, TMP) at a new ddp-run-* folder; delete it after."""
+    """Point this process and its children (TMPDIR, TEMP, TMP) at a new ddp-run-* folder; delete it after.
+
+    multiprocessing's pymp-* folders, the ranks' store folders and torch's temporary files all go there; a folder
+    left by a killed launch is deleted by the next launch on this machine, as its lock is free.
+    """
     parent = Path(tempfile.gettempdir())
     sweep_temporary_folders(parent)
     folder = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=parent))
@@ -218,9 +222,7 @@ def private_temporary_folder() -> Iterator[Path]:
         time.sleep(0.01)
     if handle is not None:
         _note(handle, {"pid": os.getpid()})
-    saved = {name: os.environ.get(name) for name in ("TMPDIR", "TEMP", "TMP")}
     saved_default = tempfile.tempdir
-    os.environ.update(dict.fromkeys(saved, str(folder)))
     tempfile.tempdir = str(folder)
     # multiprocessing's own folder for this process (its sockets and temporary files) is this one, not a pymp-* inside
     # it: a pymp-* folder is deleted at the interpreter's exit, which would fail once this one is gone.
@@ -228,15 +230,11 @@ def private_temporary_folder() -> Iterator[Path]:
     saved_mp = mp_config.get("tempdir")
     mp_config["tempdir"] = str(folder)
     try:
-        yield folder
+        with temporary_files_in(folder):
+            yield folder
     finally:
         mp_config["tempdir"] = saved_mp
         tempfile.tempdir = saved_default
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         if handle is not None:
             handle.close()
         shutil.rmtree(folder, ignore_errors=True)

@@ -15,8 +15,9 @@ import torch.distributed as dist
 from . import PACKAGE
 from .config import Config
 from .context import RankContext
+from .devices import bf16_problem
 from .loaders import batches_of
-from .process_group import bf16_problem, in_the_group, init_process_group, reduction_device
+from .process_group import in_the_group, init_process_group, reduction_device
 from .rank import build_trainer
 from .recipes import on_devices
 from .smoke import PROBE

@@ -19,16 +19,11 @@ from torch.nn.parallel import DistributedDataParallel
 from . import PACKAGE, checkpoint, loaders, records, sharding, streams
 from .config import Config
 from .context import RankContext
+from .devices import check_backend
 from .files import WriteError, write_text_durably
 from .logs import rank_logger, shown_path
-from .process_group import (
-    LaunchError,
-    RankInfo,
-    check_backend,
-    in_the_group,
-    init_process_group,
-    reduce_gradients_where_gloo_can,
-)
+from .process_group import LaunchError, in_the_group, init_process_group, reduce_gradients_where_gloo_can
+from .processes import RankInfo
 from .recipes import in_the_recipe, recipe_check
 from .stopping import STOP_SIGNALS, StopRequested, exit_status, listen_for_stop_requests
 from .trainer import Trainer

@@ -1,9 +1,4 @@
-"""metrics.csv's scalars as TensorBoard event files, written by rank 0 when `tensorboard = true`.
-
-They go to <output_dir>/tensorboard, one point per epoch at its optimizer step, under the CSV's own
-column names; `tensorboard --logdir outputs` shows them. A resumed run appends a new event file to
-the same folder, and TensorBoard joins them by step.
-"""
+"""metrics.csv's scalars as TensorBoard event files, written by rank 0 when `tensorboard = true`."""
 
 from __future__ import annotations
 
@@ -24,7 +19,8 @@ def missing_package(enabled: bool) -> str | None:
 
 
 def write(output_dir: Path, row: dict) -> None:
-    """One metrics.csv row as scalars at the row's step; flushed, so a crash loses nothing written."""
+    """One metrics.csv row as scalars at the row's step, under <output_dir>/tensorboard; flushed, so a crash loses
+    nothing written. A resumed run appends a new event file to the folder, and TensorBoard joins them by step."""
     writer = _writers.get(output_dir)
     if writer is None:
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for

@@ -1,18 +1,7 @@
-"""`python -m <package>.doctor --smoke`: a short real run on this machine's devices, one PASS/FAIL line per step.
-
-With the project's recipe, backend and precision, all ranks of one node, started the way training starts them
-(launch.spawn):
-1. a probe in every rank: its device(s), an all-reduce over the backend, one optimizer step under the precision
-   (and over both devices of the split model), then a bare DDP loop, timed;
-2. 20 steps of real training with a checkpoint after each 10-step epoch;
-3. a second run resumed from the first checkpoint, whose final weights must equal the first run's bit for bit.
-Everything goes into one temporary folder, removed at the end. Where the project wants more GPUs than are
-visible, the run uses what is there (the fix that training's own refusal names) and says so.
-"""
+"""`python -m <package>.doctor --smoke`: a short real run on this machine's devices, one PASS/FAIL line per step."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -24,9 +13,10 @@ from pathlib import Path
 
 from . import PACKAGE
 from .config import Config
+from .devices import as_flags, fit_to, gpus_needed
 from .launch import spawn, training
 from .logs import wrapped
-from .process_group import as_flags, fit_to, gpus_needed
+from .ownership import temporary_files_in
 
 PROBE = "probe"  # the probe's per-rank results: <output_dir>/probe/rank<N>.json
 STEPS_PER_EPOCH = 10  # two epochs: 20 steps, a checkpoint after the first 10
@@ -261,29 +251,13 @@ def throughput_step(config: Config, run: Path, probe_ranks: list[dict]) -> Step:
     )
 
 
-@contextlib.contextmanager
-def temporary_files_inside(folder: Path):
-    """The ranks' temporary files in `folder` while the block runs: torch's compile cache (torchinductor_<user>)
-    goes with the smoke check's own folder. The launcher's own (multiprocessing's pymp-*) stays where it is, and
-    multiprocessing removes it when the doctor exits."""
-    names = ("TMPDIR", "TEMP", "TMP")
-    outside = {name: os.environ.get(name) for name in names}
-    os.environ.update(dict.fromkeys(names, str(folder)))
-    try:
-        yield
-    finally:
-        for name, value in outside.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def main(config: Config) -> int:
-    """Run the smoke check; print one line per step; 1 when any failed. The temporary folder is removed."""
+    """Run the smoke check in a temporary folder, started as training starts its ranks, on the devices this machine
+    has (the fix that training's refusal names, where the project wants more GPUs); 1 when a step failed."""
     folder = Path(tempfile.mkdtemp(prefix="smoke-"))
     try:
-        with temporary_files_inside(folder):
+        # torch's compile cache (torchinductor_<user>) goes with the check's folder; multiprocessing's own stays
+        with temporary_files_in(folder):
             steps = run_steps(config, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -295,7 +269,9 @@ def main(config: Config) -> int:
 
 
 def run_steps(config: Config, folder: Path) -> list[Step]:
-    """The probe, the training run and the resumed run, each in its own folder under `folder`."""
+    """Each in its own folder under `folder`: the probe (devices, a collective, a step under the precision, a bare
+    DDP loop, timed), 20 training steps with a checkpoint after each 10-step epoch, and a run resumed from the first
+    checkpoint, whose final weights must equal the first run's bit for bit."""
     from . import checkpoint, records
 
     smoke, notes = smoke_config(config, folder / "probe-run")

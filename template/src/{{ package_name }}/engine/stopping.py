@@ -1,12 +1,4 @@
-"""How a run is asked to stop cleanly, and the exit statuses the launcher and the ranks agree on.
-
-A STOP_SIGNALS signal asks for a clean stop: Slurm's SIGUSR1 before a time limit or a preemption
-(--signal=USR1@90), SIGTERM from docker stop, Kubernetes or a process manager, Ctrl+Break in a Windows
-console (SIGBREAK, which every process there gets), and Ctrl+C (SIGINT), which a rank gets only from what
-started it: the spawn launcher, scripts/train.sh around torchrun, srun. The ranks vote every STOP_CHECK_EVERY
-steps (each vote read at the next, so no step waits for it) and agree at each epoch's end (trainer.py), save a
-checkpoint and exit with STOPPED (SIGUSR1), INTERRUPTED (Ctrl+C) or TERMINATED (the others).
-"""
+"""How a run is asked to stop cleanly, and the exit statuses the launcher and the ranks agree on."""
 
 from __future__ import annotations
 
@@ -15,9 +7,14 @@ import signal
 INTERRUPTED = 130  # the shell convention for Ctrl+C
 STOPPED = 75  # EX_TEMPFAIL: stopped on SIGUSR1 with a checkpoint saved; run again to continue
 TERMINATED = 143  # 128 + SIGTERM: stopped on SIGTERM (or Ctrl+Break on Windows) with a checkpoint saved
+# Each asks for a clean stop: Slurm's SIGUSR1 before a time limit or a preemption (--signal=USR1@90), SIGTERM
+# (docker stop, Kubernetes), Ctrl+Break in a Windows console (every process there gets it), and Ctrl+C, which a
+# rank gets only from what started it (the spawn launcher, scripts/train.sh around torchrun, srun).
 STOP_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGUSR1", "SIGTERM", "SIGBREAK", "SIGINT") if hasattr(signal, name)
 )
+# The ranks vote every this many steps (each vote read at the next, so no step waits for it) and agree at each
+# epoch's end (trainer.py), save a checkpoint and exit with STOPPED, INTERRUPTED or TERMINATED.
 STOP_CHECK_EVERY = 16
 WHEN_INTERRUPTED = "interrupted: every rank was stopped"  # what the launcher (or rank 0 under torchrun) prints
 
