@@ -20,7 +20,6 @@ from .loaders import batches_of
 from .process_group import in_the_group, init_process_group, reduction_device
 from .rank import build_trainer
 from .recipes import on_devices
-from .smoke import PROBE
 
 BARE_STEPS = 30  # the bare loop's timed steps, after 3 untimed ones
 
@@ -31,7 +30,7 @@ def first_line(error: BaseException) -> str:
 
 
 def probe_rank(config: Config, info) -> int:
-    """One rank of the probe (smoke.probing): each part's outcome goes to <output_dir>/probe/rank<N>.json,
+    """One rank of the probe (smoke.probing): each part's outcome goes to <output_dir>/rank<N>.json,
     and a part that fails does not stop the others. The model, loaders and step are the engine's own (Trainer)."""
     context = RankContext.create(config, info, logging.getLogger(f"{PACKAGE}.smoke"))
     context.use_devices()
@@ -41,7 +40,7 @@ def probe_rank(config: Config, info) -> int:
         try:
             found.update(parts(context))
         finally:
-            folder = Path(config.output_dir) / PROBE
+            folder = Path(config.output_dir)
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"rank{info.rank}.json").write_text(json.dumps(found), encoding="utf-8")
     return 0

@@ -18,7 +18,6 @@ from .launch import spawn, training
 from .logs import wrapped
 from .ownership import temporary_files_in
 
-PROBE = "probe"  # the probe's per-rank results: <output_dir>/probe/rank<N>.json
 STEPS_PER_EPOCH = 10  # two epochs: 20 steps, a checkpoint after the first 10
 SLOWER_THAN_BARE = 0.1  # the engine below a tenth of a bare loop's samples/s fails (10-step epochs are noisy)
 
@@ -118,8 +117,7 @@ def run_phase(config: Config, output: Captured, rank_main=training) -> tuple[int
 def probe_steps(config: Config, status: int, error: str) -> list[Step]:
     import torch
 
-    folder = Path(config.output_dir) / PROBE
-    ranks = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(folder.glob("rank*.json"))]
+    ranks = [json.loads(path.read_text(encoding="utf-8")) for path in Path(config.output_dir).glob("rank*.json")]
     ranks.sort(key=lambda found: found["rank"])
     precision = f"precision={config.precision}"
     if status or len(ranks) < config.world_size:
@@ -287,7 +285,7 @@ def run_steps(config: Config, folder: Path) -> list[Step]:
     )
     output = Captured(folder / "output.log")
     steps = probe_steps(smoke, *run_phase(smoke, output, probing))
-    probe_ranks = [json.loads(path.read_text(encoding="utf-8")) for path in (folder / "probe-run" / PROBE).glob("*")]
+    probe_ranks = [json.loads(path.read_text(encoding="utf-8")) for path in (folder / "probe-run").glob("rank*.json")]
     run, again = folder / "run", folder / "resumed"
     trained = run_phase(dataclasses.replace(smoke, output_dir=str(run)), output)
     kept = checkpoint.existing(run, records.run_id_of(run)) if not trained[0] else []
