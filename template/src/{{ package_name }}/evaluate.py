@@ -81,7 +81,7 @@ def from_command_line(argv: list[str] | None) -> tuple[Config, Path, str]:
     parser.add_argument("--split", choices=("val", "test"), default="val", help="which data set (default: val)")
     args = vars(parser.parse_args(argv))
     checkpoint, split = args.pop("checkpoint"), args.pop("split")
-    if not checkpoint.is_file():
+    if not checkpoint.exists():  # a file, or under fsdp a step checkpoint's folder
         parser.error(f"checkpoint not found: {checkpoint}")
     config = with_flags(config, args, parser)
     return dataclasses.replace(config, max_restarts=0), checkpoint, split  # a failed evaluation is simply rerun

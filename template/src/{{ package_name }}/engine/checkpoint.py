@@ -11,18 +11,28 @@ on load in a second thread beside torch.load (see load), so a flipped byte or
 a cut file is caught instead of trained on, for about what torch.save and
 torch.load cost alone. Each name carries the run's identity (step-00000016-<run id>.pt):
 a run lists, resumes from and prunes only its own.
+
+Under fsdp a checkpoint is a folder of the same name without .pt, which saving.py writes: every rank's shards
+(torch.distributed.checkpoint's __<rank>_<n>.distcp files and its .metadata), trainer.pt (the rest of the
+state, a file as above) and, written last, manifest.json, the size and CRC-32 of each of those files. The
+folder is checked against its manifest before it is read: DCP's own metadata holds the offset and length of
+each tensor but no checksum, so a flipped byte would load unnoticed, and a cut shard would fail only in the
+middle of a collective load on every rank.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import mmap
 import os
 import pickle
 import re
+import shutil
 import struct
 import threading
+import warnings
 import zipfile
 import zlib
 from pathlib import Path
@@ -30,19 +40,21 @@ from typing import BinaryIO
 
 import torch
 
-from .files import write_durably
+from .files import replace, sync_folder, write_durably, write_text_durably
 
 try:
     from torch.utils.serialization import config as serialization_config
 except ImportError:  # torch < 2.6
     serialization_config = None
 
-_NAME = re.compile(r"^step-(\d{8})-([0-9a-f]{8})\.pt$")
+_NAME = re.compile(r"^step-(\d{8})-([0-9a-f]{8})(\.pt)?$")  # a file; a folder (fsdp) without .pt
 # The archive comment: the CRC-32 of the archive as torch.save wrote it (ending in a comment length of 0).
 _TRAILER = re.compile(rb"crc32=([0-9a-f]{8})\Z")
 _TRAILER_SIZE = len(b"crc32=00000000")
 _END_OF_ARCHIVE = struct.Struct("<4s16xH")  # the zip's last record: signature ... comment length
 _NO_COMMENT = b"\0\0"
+MANIFEST, TRAINER_STATE = "manifest.json", "trainer.pt"  # in a folder checkpoint
+_CHUNK = 1 << 24
 
 
 class CheckpointError(RuntimeError):
@@ -55,6 +67,15 @@ def directory(output_dir: str | Path) -> Path:
 
 def path_for(output_dir: str | Path, global_step: int, run_id: str) -> Path:
     return directory(output_dir) / f"step-{global_step:08d}-{run_id}.pt"
+
+
+def is_folder(path: Path) -> bool:
+    """Whether `path` is a folder checkpoint (fsdp's), whole or damaged."""
+    return path.is_dir() and (bool(_NAME.match(path.name)) or (path / MANIFEST).exists())
+
+
+def folder_for(output_dir: str | Path, global_step: int, run_id: str) -> Path:
+    return directory(output_dir) / f"step-{global_step:08d}-{run_id}"
 
 
 class _SummingWriter:
@@ -139,29 +160,106 @@ def existing(output_dir: str | Path, run_id: str | None) -> list[Path]:
     steps = {}
     for path in folder.iterdir():
         match = _NAME.match(path.name)
-        if match and match.group(2) == run_id:
+        if match and match.group(2) == run_id and (match.group(3) is not None or path.is_dir()):
             steps[path] = int(match.group(1))
     return sorted(steps, key=steps.get, reverse=True)
 
 
-def any_checkpoint(output_dir: str | Path) -> bool:
-    """Whether the folder holds a checkpoint of any run, or of an older version without run names."""
+def of_any_run(output_dir: str | Path) -> list[Path]:
+    """Every checkpoint in the folder, of any run or of an older version without run names."""
     folder = directory(output_dir)
-    return folder.is_dir() and any(path.suffix == ".pt" for path in folder.iterdir())
+    if not folder.is_dir():
+        return []
+    return [path for path in folder.iterdir() if path.suffix == ".pt" or (_NAME.match(path.name) and path.is_dir())]
+
+
+def any_checkpoint(output_dir: str | Path) -> bool:
+    return bool(of_any_run(output_dir))
+
+
+def remove(path: Path) -> None:
+    """A checkpoint gone, file or folder."""
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def prune(output_dir: str | Path, run_id: str, keep: int) -> None:
-    """Keep the run's newest `keep` checkpoints; also drop temporary files a killed save left behind
-    (only rank 0 writes, one save at a time, so no other save is in flight here)."""
+    """Keep the run's newest `keep` checkpoints; also drop temporary files and folders a killed save left behind
+    (rank 0, once every rank has written: no other save is in flight here)."""
     for old in existing(output_dir, run_id)[keep:]:
-        old.unlink(missing_ok=True)
-    for leftover in directory(output_dir).glob("*.pt.tmp"):
-        leftover.unlink(missing_ok=True)
+        remove(old)
+    for leftover in [*directory(output_dir).glob("*.pt.tmp"), *directory(output_dir).glob(f"step-*-{run_id}.tmp")]:
+        remove(leftover)
 
 
-def load(path: Path, training_state: bool = True) -> dict:
+def file_sum(path: Path) -> dict:
+    """A file's size and CRC-32, as a folder's manifest holds them, read in chunks (a shard may be large)."""
+    crc, size = 0, 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
+    return {"bytes": size, "crc32": f"{crc:08x}"}
+
+
+def seal(temporary: Path, folder: Path, sums: dict[str, dict]) -> None:
+    """Rank 0, once every rank's files in `temporary` are written and synced: the manifest of them all (`sums`, and
+    the files rank 0 wrote), the folder synced, then named `folder` (whole or not at all) and its parent synced."""
+    for name in (".metadata", TRAINER_STATE):
+        sums[name] = file_sum(temporary / name)
+    write_text_durably(temporary / MANIFEST, json.dumps({"files": sums}, indent=1, sort_keys=True))  # syncs the folder
+    if folder.is_dir():  # this step saved before, by a run resumed from an earlier checkpoint since
+        shutil.rmtree(folder)
+    replace(temporary, folder)
+    sync_folder(folder.parent)
+
+
+def check_folder(folder: Path) -> None:
+    """Every file a folder checkpoint's manifest names, there with its size and CRC-32 (CheckpointError if not):
+    the sizes first, which a cut file fails without a byte read."""
+    try:
+        files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
+        sizes = {name: (folder / name).stat().st_size for name in files}
+    except FileNotFoundError as error:
+        missing = Path(error.filename or MANIFEST).name
+        raise CheckpointError(f"checkpoint {folder} is damaged ({missing} is missing)") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"checkpoint {folder} is damaged ({MANIFEST}: {type(error).__name__}: {error})") from None
+    for name, size in sizes.items():
+        if size != files[name]["bytes"]:
+            raise CheckpointError(
+                f"checkpoint {folder} is damaged ({name} is {size} bytes, {MANIFEST} says {files[name]['bytes']}: "
+                "it is cut short, or another program wrote it)"
+            )
+    for name in files:
+        if file_sum(folder / name)["crc32"] != files[name]["crc32"]:
+            raise CheckpointError(f"checkpoint {folder} is damaged ({name} does not match its CRC-32 checksum)")
+
+
+def load(path: Path, training_state: bool = True, checked: bool = False) -> dict:
     """A checkpoint's contents after its CRC-32s are checked; training_state=False also takes best.pt and
-    model.pt (weights only).
+    model.pt (weights only), and gathers a folder's model whole. A folder's training state holds no model or
+    optimizer tensors: every rank reads its own shards of them (saving.load_shards). checked: the folder's
+    manifest was checked already (rank 0 checks it; the other ranks read trainer.pt alone)."""
+    if not is_folder(path):  # another folder: "cannot be read"
+        return _checked(path, _load_file(path), training_state)
+    if not checked:
+        check_folder(path)
+    state = _load_file(path / TRAINER_STATE)
+    return _checked(path, {**state, "model": _whole_model(path)} if not training_state else state, training_state)
+
+
+def _checked(path: Path, state, training_state: bool) -> dict:
+    holds_model = isinstance(state, dict) and ("model" in state or is_folder(path))
+    if not holds_model or (training_state and "global_step" not in state):
+        what = "a training state (no model or global_step)" if training_state else "a model (no 'model' entry)"
+        raise CheckpointError(f"checkpoint {path} does not hold {what}")
+    return state
+
+
+def _load_file(path: Path) -> dict:
+    """A file's contents, its CRC-32 checked.
 
     The archive's CRC-32 is summed in a second thread while torch.load reads the file. That thread runs
     nothing but zlib's sum over the mapped file, which lets go of the GIL for all of it; everything else
@@ -197,10 +295,36 @@ def load(path: Path, training_state: bool = True) -> dict:
         raise CheckpointError(f"checkpoint {path} is damaged ({type(error).__name__}: {error})") from None
     if damage:
         raise CheckpointError(f"checkpoint {path} is damaged ({damage})")
-    if not isinstance(state, dict) or "model" not in state or (training_state and "global_step" not in state):
-        what = "a training state (no model or global_step)" if training_state else "a model (no 'model' entry)"
-        raise CheckpointError(f"checkpoint {path} does not hold {what}")
     return state
+
+
+def _sharded_tensors(folder: Path) -> dict:
+    """{name: TensorStorageMetadata} of the model's tensors in a folder's shards (DCP's .metadata: names are
+    "model.<name>" there)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    entries = FileSystemReader(folder).read_metadata().state_dict_metadata
+    return {
+        name.removeprefix("model."): entry
+        for name, entry in entries.items()
+        if name.startswith("model.") and isinstance(entry, TensorStorageMetadata)
+    }
+
+
+def _whole_model(folder: Path) -> dict:
+    """A folder's model state dict, whole, on the CPU, read in this process from every rank's shards."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        model = {name: torch.empty(entry.size, dtype=entry.properties.dtype) for name, entry in
+                 _sharded_tensors(folder).items()}  # fmt: skip
+        with warnings.catch_warnings():  # that it reads in one process, which is the intent
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"model": model}, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+    except Exception as error:  # DCP raises several types for damaged files
+        raise CheckpointError(f"checkpoint {folder} is damaged ({type(error).__name__}: {error})") from None
+    return model
 
 
 def _torch_load(path: Path) -> dict:
@@ -222,9 +346,14 @@ def what_it_resumes(path: Path) -> dict | None:
     The file is mapped, not read, and unmapped before this returns (a mapped file could not be renamed on Windows).
     """
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if is_folder(path):
+            state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True, mmap=True)
+            shapes = {name: tuple(entry.size) for name, entry in _sharded_tensors(path).items()}
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            shapes = {name: tuple(tensor.shape) for name, tensor in state["model"].items()}
         return {
-            "shapes": {name: tuple(tensor.shape) for name, tensor in state["model"].items()},
+            "shapes": shapes,
             "config": dict(state.get("config", {})),
             "epoch": int(state["epoch"]),
             "step_in_epoch": int(state["step_in_epoch"]),
@@ -247,6 +376,8 @@ def misfit(model: dict[str, tuple[int, ...]], saved: dict[str, tuple[int, ...]])
 def set_aside(path: Path) -> Path:
     """Rename a damaged checkpoint to <name>.damaged, so nothing later overwrites it and it can be inspected."""
     aside = path.with_name(path.name + ".damaged")
+    if path.is_dir() and aside.is_dir():  # a folder replaces no folder: the same step damaged before goes
+        shutil.rmtree(aside)
     os.replace(path, aside)
     return aside
 

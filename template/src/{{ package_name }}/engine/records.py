@@ -77,6 +77,13 @@ def run_id_of(output_dir: Path) -> str | None:
         return None
 
 
+def what_it_is(config: Config) -> dict:
+    """Beside the weights in every checkpoint, best.pt and model.pt, as plain values: the settings, the recipe's
+    module and the versions. A script with the file alone rebuilds the model: recipe.model(Config(**config))."""
+    settings = {name: value for name, value in vars(config).items() if name != "environment"}
+    return {"config": settings, "recipe": config.recipe, "versions": versions()}
+
+
 def starting_point(resume: str, output_dir: Path, warn) -> tuple[Path | None, dict | None, str]:
     """Rank 0's choice: the checkpoint to continue from (None: from scratch), its state, and the run's identity.
 
@@ -152,9 +159,9 @@ def claim_output_dir(output_dir: Path, resume: str, overwrite: bool, resumed_run
         for name in (RUN_RECORD, METRICS, "model.pt", "best.pt", "curves.png"):
             (output_dir / name).unlink(missing_ok=True)
         resuming_from = Path(resume).resolve() if resume not in ("auto", "none") else None
-        for old in checkpoint.directory(output_dir).glob("*.pt"):
+        for old in checkpoint.of_any_run(output_dir):
             if old.resolve() != resuming_from:  # the checkpoint this run continues from stays
-                old.unlink()
+                checkpoint.remove(old)
         return None
     whose = f"run {owner}" if owner else "files of another run"
     return (

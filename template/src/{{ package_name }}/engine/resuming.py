@@ -7,8 +7,10 @@ import warnings
 
 import torch
 
+from . import records
 from .config import SETTING_NAMES, Config
 from .recipes import lr_schedule
+from .sharding import FSDP
 
 # These reshape the schedule, as [recipe] settings do; seed, and a batch change mid-epoch, are refused before the
 # ranks meet (rank.unresumable).
@@ -59,6 +61,33 @@ def restore_scaler(scaler, saved_precision: str | None, precision: str, saved_st
         scaler.load_state_dict(saved_state)
 
 
+def hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """The hyperparameters of each param group (lr, momentum, ...), as this run's settings gave them."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def apply_settings(trainer, state: dict, chosen: list[dict]) -> None:
+    """The trainer's settings that differ from the checkpoint's, in effect from here on and named in the log: the
+    schedule they reshape is rebuilt (else the saved one goes on), and best is found again by a new measure."""
+    config, log = trainer.config, trainer.log
+    said, reshaping = settings_changes(state, config, trainer.steps_per_epoch)
+    if reshaping:
+        trainer.scheduler, why = rebuilt_schedule(
+            trainer.recipe, trainer.optimizer, chosen, config, trainer.total_steps, trainer.schedule_position,
+            reshaping,
+        )  # fmt: skip
+        log.warning(f"{', '.join(said[name] for name in reshaping)}: {why}")
+    else:
+        trainer.scheduler.load_state_dict(state["scheduler"])
+    others = [text for name, text in said.items() if name not in reshaping]
+    if others:
+        log.warning(f"{', '.join(others)}: in effect from here on")
+    if {"best_metric", "best_mode"} & said.keys():  # found again from the run's rows, by the new measure
+        trainer.best = None
+        for row in trainer.rows:
+            trainer.best = records.new_best(trainer.best, row, config) or trainer.best
+
+
 def rebuilt_schedule(recipe, optimizer: torch.optim.Optimizer, chosen: list[dict], config: Config, total_steps: int,
                      position: int, reshaping: list[str]) -> tuple:  # fmt: skip
     """The schedule of a resume with settings that shape it (epochs, the batch, lr or another recipe setting), and
@@ -90,6 +119,11 @@ def layout_warnings(state: dict, config: Config, world_size: int) -> list[str]:
             f"checkpoint holds RNG states of {len(state['rng'])} ranks, this job has "
             f"{world_size}: random streams restart from the seed"
         )
+        if config.parallelism == FSDP:  # each rank's shards were resharded when they loaded
+            found.append(
+                f"the shards were resharded from {len(state['rng'])} ranks to {world_size}: gradients are reduced "
+                "in another order, so results are no longer bitwise comparable with the uninterrupted run"
+            )
     order = state["sampler"]
     if state["step_in_epoch"] and (order["seed"], order["num_replicas"]) != (config.seed, world_size):
         found.append(

@@ -10,10 +10,11 @@ The root is always a unit last, for the parameters no unit took.
 
 The rest of the engine sees the model through ShardedModel, which answers what it asks of
 DistributedDataParallel (`module`, `no_sync()`), and through the functions here that branch on it:
-full_weights / load_weights, optimizer_state / load_optimizer_state, clip_grad_norm and whole_for_validation.
-Checkpoints keep the single-file format of ddp: the state dicts are gathered whole to rank 0's CPU
-(torch.distributed.checkpoint.state_dict, full_state_dict), with the optimizer's keyed by parameter number as
-Optimizer.state_dict() keys it. So a checkpoint loads on any number of ranks, and under ddp as under fsdp.
+full_weights / load_weights, training_state / load_optimizer_state, clip_grad_norm and whole_for_validation.
+A step checkpoint holds each rank's shards (torch.distributed.checkpoint.state_dict's sharded state dicts,
+the optimizer's keyed by parameter name), which saving.py writes as a folder; model.pt and best.pt hold the
+weights gathered whole to rank 0's CPU (full_state_dict). A ddp checkpoint (a file: whole state dicts, the
+optimizer's keyed by parameter number) loads under fsdp too, each rank keeping its shards of it.
 
 Where it runs: the CPU over gloo, and GPUs over nccl. Not GPUs over gloo: ProcessGroupGloo (torch 2.13,
 torch/csrc/distributed/c10d/ProcessGroupGloo.cpp) implements reduce_scatter_tensor_coalesced, which FSDP2's
@@ -117,42 +118,42 @@ def full_weights(model) -> dict:
 
 
 def load_weights(model, weights: dict) -> None:
-    """A whole state dict (every rank holds it) into the model; under fsdp each rank keeps its own shards."""
+    """A state dict into the model: a whole one (every rank holds it; under fsdp each rank keeps its own shards),
+    or under fsdp one of this rank's shards (DTensors, as training_state() gives them)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.tensor import DTensor
+
     if not is_sharded(model):
         model.module.load_state_dict(weights)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    whole = not any(isinstance(value, DTensor) for value in weights.values())
+    set_model_state_dict(model.module, weights, options=StateDictOptions(full_state_dict=whole))
 
-    set_model_state_dict(model.module, weights, options=StateDictOptions(full_state_dict=True))
 
-
-def optimizer_state(model, optimizer: torch.optim.Optimizer) -> dict:
-    """optimizer.state_dict() as ddp saves it (parameters by number); under fsdp gathered whole to rank 0's CPU
-    ({} elsewhere), every rank calling it."""
+def training_state(model, optimizer: torch.optim.Optimizer) -> dict:
+    """{"model": ..., "optimizer": ...} as a step checkpoint holds them. ddp: the model's state dict whole on rank 0's
+    CPU ({} elsewhere) and optimizer.state_dict(). fsdp: this rank's shards of both, the optimizer's keyed by
+    parameter name (torch.distributed.checkpoint.state_dict), which every rank saves as its own (saving.py)."""
     if not is_sharded(model):
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        return {"model": full_weights(model), "optimizer": optimizer.state_dict()}
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    whole = get_optimizer_state_dict(
-        model.module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    if not whole:
-        return {}
-    # Numbered in the order of the param groups, as Optimizer.state_dict() numbers them.
-    number: dict[str, int] = {}
-    groups = []
-    for group in whole["param_groups"]:
-        groups.append({**group, "params": [number.setdefault(name, len(number)) for name in group["params"]]})
-    return {"state": {number[name]: value for name, value in whole["state"].items()}, "param_groups": groups}
+    weights, state = get_state_dict(model.module, optimizer)
+    return {"model": weights, "optimizer": state}
 
 
 def load_optimizer_state(model, optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """What optimizer_state() returned (every rank holds it whole) into this rank's optimizer."""
+    """What training_state() gave (or a ddp checkpoint's optimizer state, whole, which every rank holds) into
+    this rank's optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    by_name = any(isinstance(name, str) for group in saved["param_groups"] for name in group["params"])
+    if by_name:  # saved by name: fsdp's shards, or any model read from a folder checkpoint
+        set_optimizer_state_dict(model.module, optimizer, saved)
+        return
     if not is_sharded(model):
         optimizer.load_state_dict(saved)
         return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
     names = {id(parameter): name for name, parameter in model.module.named_parameters()}
     ordered = [names[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
     keyed = {

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, recipes, records, resuming, scalars, sharding, streams
+from . import checkpoint, recipes, records, resuming, saving, scalars, sharding, streams
 from .config import precision_warning
 from .context import RankContext
 from .loaders import batches_of, order_of, samples_in
@@ -93,8 +93,9 @@ class Trainer:
         finally:
             if progress is not None:
                 progress.close()
-        self.save_weights(self.output_dir / "model.pt", epoch=self.epoch)
+        weights = sharding.full_weights(self.model)  # every rank: under fsdp it gathers
         if is_main:
+            saving.save_weights(weights, self.output_dir / "model.pt", config, epoch=self.epoch)
             self.log.info(f"done: {self.global_step} steps; model saved to {shown_path(self.output_dir / 'model.pt')}")
         dist.barrier()
 
@@ -215,9 +216,8 @@ class Trainer:
         if self.config.tensorboard:
             scalars.write(self.output_dir, row)
         if weights is not None:
-            name = self.config.best_metric
-            best = {"model": weights, "epoch": row["epoch"], name: row[name], **self.what_it_is()}
-            checkpoint.save_atomic(best, self.output_dir / "best.pt")
+            best = {"epoch": row["epoch"], self.config.best_metric: row[self.config.best_metric]}
+            saving.save_weights(weights, self.output_dir / "best.pt", self.config, **best)
 
     def state_dict(self) -> dict:
         """All that exact resume needs, as a checkpoint holds it. A collective: every rank calls it, as each rank's
@@ -226,9 +226,7 @@ class Trainer:
         dist.all_gather_object(ranks, (streams.state(self.devices), self.epoch_so_far()))
         return {
             "run_id": self.run_id,
-            # Whole, in ddp's format, on rank 0 (it writes): under fsdp every rank takes part in gathering them.
-            "model": sharding.full_weights(self.model),
-            "optimizer": sharding.optimizer_state(self.model, self.optimizer),
+            **sharding.training_state(self.model, self.optimizer),  # ddp: whole, on rank 0; fsdp: each rank's shards
             "scheduler": self.scheduler.state_dict(),
             "total_steps": self.total_steps,
             "scaler": self.scaler.state_dict(),
@@ -246,17 +244,14 @@ class Trainer:
                 "num_replicas": self.context.world_size,
                 "position": self.step_in_epoch * self.samples_per_step,
             },
-            **self.what_it_is(),
+            **records.what_it_is(self.config),
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state_dict()`'s contents, with the settings this run changed in effect from here on."""
         rank, world_size, log = self.context.rank, self.context.world_size, self.log
+        chosen = resuming.hyperparameters(self.optimizer)  # this run's, before the saved ones replace them
         sharding.load_weights(self.model, state["model"])
-        # The hyperparameters this run's settings gave (lr, momentum, ...), before the saved ones replace them.
-        chosen = [
-            {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
-        ]
         sharding.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         resuming.restore_scaler(self.scaler, state["config"]["precision"], self.config.precision, state["scaler"], log)
         self.epoch, self.step_in_epoch, self.global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
@@ -270,21 +265,7 @@ class Trainer:
             streams.set_state(state["rng"][rank], self.devices)
         for warning in resuming.layout_warnings(state, self.config, world_size):
             log.warning(warning)
-        said, reshaping = resuming.settings_changes(state, self.config, self.steps_per_epoch)
-        if reshaping:
-            self.scheduler, why = resuming.rebuilt_schedule(
-                self.recipe, self.optimizer, chosen, self.config, self.total_steps, self.schedule_position, reshaping
-            )
-            log.warning(f"{', '.join(said[name] for name in reshaping)}: {why}")
-        else:
-            self.scheduler.load_state_dict(state["scheduler"])
-        others = [text for name, text in said.items() if name not in reshaping]
-        if others:
-            log.warning(f"{', '.join(others)}: in effect from here on")
-        if {"best_metric", "best_mode"} & said.keys():  # found again from the run's rows, by the new measure
-            self.best = None
-            for row in self.rows:
-                self.best = records.new_best(self.best, row, self.config) or self.best
+        resuming.apply_settings(self, state, chosen)
 
     def epoch_so_far(self) -> dict:
         """This rank's part of the unfinished epoch's row: its training sums, gradient norms and seconds."""
@@ -298,50 +279,21 @@ class Trainer:
         return self.epoch * self.steps_per_epoch + self.step_in_epoch
 
     def resume(self) -> None:
-        """Rank 0 decides the run's identity and the checkpoint (setting damaged ones aside); all ranks load it."""
-        picked, state = [None, None], None
-        if self.context.is_main:
-            path, state, run_id = records.starting_point(self.config.resume, self.output_dir, self.log.warning)
-            picked = [str(path) if path else None, run_id]
-        dist.broadcast_object_list(picked, src=0)
-        self.run_id = picked[1]
-        if picked[0] is None:
+        """Continue from the checkpoint rank 0 picks (saving.starting_point), if any, with its run's identity."""
+        path, state, self.run_id = saving.starting_point(self.context, self.output_dir, self.model, self.optimizer)
+        if path is None:
             return
-        self.load_state_dict(state or checkpoint.load(Path(picked[0])))
+        self.load_state_dict(state)
         if self.context.is_main:  # rows of epochs after the checkpoint go: those epochs are trained again
             lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows))
             if lost:
                 self.log.warning(lost)
-        # The start line names the output folder: a checkpoint in it is named by its file name alone.
-        picked_path = Path(picked[0])
-        in_output = picked_path.parent.resolve() == checkpoint.directory(self.output_dir).resolve()
-        shown = picked_path.name if in_output else shown_path(picked_path)
         where = resuming.where_it_continues(self.epoch, self.step_in_epoch, self.config.epochs, self.steps_per_epoch)
-        self.log.info(f"resumed from {shown}: {where}")
-
-    def what_it_is(self) -> dict:
-        """Beside the weights in every checkpoint, best.pt and model.pt, as plain values: the settings, the recipe's
-        module and the versions. A script with the file alone rebuilds the model: recipe.model(Config(**config))."""
-        settings = {name: value for name, value in vars(self.config).items() if name != "environment"}
-        return {"config": settings, "recipe": self.config.recipe, "versions": records.versions()}
-
-    def save_weights(self, path: Path, **about) -> None:
-        """The weights alone (model.pt), with what they are: every rank calls it (fsdp gathers), rank 0 writes."""
-        weights = sharding.full_weights(self.model)
-        if self.context.is_main:
-            checkpoint.save_atomic({"model": weights, **about, **self.what_it_is()}, path)
+        self.log.info(f"resumed from {saving.shown(path, self.output_dir)}: {where}")
 
     def save(self) -> None:
-        """Rank 0 writes; everyone waits so no rank runs ahead of a checkpoint."""
-        state = self.state_dict()
-        if self.context.is_main:
-            started = time.perf_counter()
-            checkpoint.save_atomic(state, checkpoint.path_for(self.output_dir, self.global_step, self.run_id))
-            checkpoint.prune(self.output_dir, self.run_id, self.config.keep_checkpoints)
-            late = checkpoint.slow_save_warning(time.perf_counter() - started, self.config.timeout_s)
-            if late:
-                self.log.warning(late)
-        dist.barrier()
+        """A step checkpoint, in the run's format: every rank takes part, and none runs ahead of it."""
+        saving.save_step(self.state_dict(), self.config, sharding.is_sharded(self.model), self.log.warning)
 
     def save_mid_epoch(self, started: float) -> None:
         self.seconds = time.perf_counter() - started
