@@ -42,13 +42,22 @@ from .process_group import (
     torchrun_rank,
     under_torchrun,
 )
-from .stopping import INTERRUPTED, STOPPED, TERMINATED, WHEN_INTERRUPTED, listen_for_stop_requests
+from .stopping import (
+    INTERRUPTED,
+    SETTINGS_REFUSED,
+    STOPPED,
+    TERMINATED,
+    WHEN_INTERRUPTED,
+    SettingsRefused,
+    listen_for_stop_requests,
+)
 
 FOLLOWERS_GRACE_S = 3  # how long a failed rank's peers get to end and report, so the first failure is named
 # A collective whose peer left: gloo's source path in the error ("Connection reset by peer", "Connection closed").
 GLOO_LOST_A_PEER = re.compile(r"gloo[/\\]transport[/\\]")
 STOPPING_GRACE_S = 30  # how long ranks that stopped on request get to end before they are killed
 REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
+REFUSED_SETTINGS = -2  # the same, for the settings (SettingsRefused): the run ends with SETTINGS_REFUSED
 TRAIN_COMMAND = f"python -m {PACKAGE}.train"
 
 # scripts/train.* name themselves here (as the user typed them) and pass --config first.
@@ -168,6 +177,7 @@ def _spawned_rank(local_rank: int, config: Config, beats, report: str, rank_main
         refused = isinstance(error, LaunchError)
         failure = {
             "refused": refused,
+            "settings": isinstance(error, SettingsRefused),
             "message": str(error) if refused else traceback.format_exc(),
             "time": time.time(),
         }
@@ -204,7 +214,7 @@ def spawn(config: Config, rank_main: Callable[[Config, RankInfo], int] = trainin
     Returns the exit status for the whole job: 0 when every rank finished,
     otherwise non-zero. When one rank fails, the others are stopped, so the
     job never hangs on a dead peer; with max_restarts > 0 all ranks are then
-    started again and resume from the newest checkpoint (a refusal is not retried).
+    started again and resume from the newest checkpoint (a refusal is not retried; refused settings return 2).
     Ctrl+C stops every rank and returns 130; SIGTERM (Ctrl+Break on Windows) asks them to save a checkpoint
     and stop, and returns 143.
     """
@@ -228,8 +238,8 @@ def spawn(config: Config, rank_main: Callable[[Config, RankInfo], int] = trainin
                 config = dataclasses.replace(config, resume="auto")
             with _start_folder(config) as folder:
                 status = _run_ranks(config, folder, rank_main)
-            if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED) or _stop_signal:
-                return 1 if status == REFUSED else status
+            if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED, REFUSED_SETTINGS) or _stop_signal:
+                return {REFUSED: 1, REFUSED_SETTINGS: SETTINGS_REFUSED}.get(status, status)
         return status
     finally:
         for name, handler in previous.items():
@@ -330,7 +340,7 @@ def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:
         return code
     if failure and failure["refused"]:
         print(wrapped(f"error: {failure['message']}"), file=sys.stderr, flush=True)
-        return REFUSED
+        return REFUSED_SETTINGS if failure["settings"] else REFUSED
     if failure:
         reason = [line for line in failure["message"].splitlines() if line.strip()][-1]
         logs = Path(config.output_dir) / "logs"

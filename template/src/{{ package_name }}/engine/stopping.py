@@ -6,11 +6,17 @@ console (SIGBREAK, which every process there gets), and Ctrl+C (SIGINT), which a
 started it: the spawn launcher, scripts/train.sh around torchrun, srun. The ranks vote every STOP_CHECK_EVERY
 steps (each vote read at the next, so no step waits for it) and agree at each epoch's end (trainer.py), save a
 checkpoint and exit with STOPPED (SIGUSR1), INTERRUPTED (Ctrl+C) or TERMINATED (the others).
+
+A run whose settings cannot train ends with SETTINGS_REFUSED, before anything is written: a bad flag (argparse),
+and a refusal rank 0 finds (SettingsRefused: the recipe's check, best_metric, a checkpoint the settings do not
+fit, another run's folder). Any other failure, while training or not, ends with 1.
 """
 
 from __future__ import annotations
 
 import signal
+
+from .process_group import LaunchError
 
 INTERRUPTED = 130  # the shell convention for Ctrl+C
 STOPPED = 75  # EX_TEMPFAIL: stopped on SIGUSR1 with a checkpoint saved; run again to continue
@@ -20,8 +26,23 @@ STOP_SIGNALS = tuple(
 )
 STOP_CHECK_EVERY = 16
 WHEN_INTERRUPTED = "interrupted: every rank was stopped"  # what the launcher (or rank 0 under torchrun) prints
+SETTINGS_REFUSED = 2  # as argparse exits on a bad flag
+# Under torchrun, a rank that refused the settings ends with 0 (torchrun would report any other status as its
+# failure, or restart the ranks) and writes SETTINGS_REFUSED to this file, which scripts/train.sh exits with.
+STATUS_FILE_VARIABLE = "DDP_STATUS_FILE"
 
 _received = 0  # the signal this process received (0: none)
+
+
+class SettingsRefused(LaunchError):
+    """The settings cannot train, found by rank 0 before anything was written; the message names the fix.
+
+    every_rank: each rank of the job has it (under torchrun, rank 0 hands it to the others), so each can end alike.
+    """
+
+    def __init__(self, message: str, every_rank: bool = False) -> None:
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 class StopRequested(Exception):
