@@ -25,6 +25,9 @@ Optional hooks, each with its section in docs/make-it-your-own.md:
 
 from __future__ import annotations
 
+import json
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional
@@ -69,6 +72,28 @@ def metric(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 # -- optional hooks --------------------------------------------------------------------------------------------
+def check(config: Config) -> str | None:
+    """What is wrong with the settings, or None. A string refuses the run in one line (exit status 2), before
+    anything is written: a value of the wrong type would otherwise fail deep inside torch, mid-start."""
+    lr, momentum, samples = (config.settings.get(name) for name in ("lr", "momentum", "samples"))
+    if not (is_number(lr) and math.isfinite(lr) and lr > 0):
+        return f"lr is {shown(lr)} in [recipe]; use a number above 0, such as 0.1"
+    if not (is_number(momentum) and 0 <= momentum < 1):
+        return f"momentum is {shown(momentum)} in [recipe]; use a number from 0 up to (not including) 1, such as 0.9"
+    if not (isinstance(samples, int) and not isinstance(samples, bool) and samples >= 1):
+        return f"samples is {shown(samples)} in [recipe]; use a whole number of at least 1, such as 512"
+    return None
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # TOML's true is no number
+
+
+def shown(value) -> str:
+    """A setting's value as the config file writes it: "fast" in quotes, missing when [recipe] lacks it."""
+    return "missing" if value is None else json.dumps(value)
+
+
 def schedule(optimizer: torch.optim.Optimizer, config: Config, total_steps: int):
     """Stepped once per optimizer step. A resume with another length calls this again with the new total."""
     return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)

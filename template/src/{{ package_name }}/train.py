@@ -11,7 +11,9 @@ fits it (engine/rank.py, engine/trainer.py). This process never imports torch: o
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from .engine.command_line import TRAIN_COMMAND, from_command_line, resume_command
 from .engine.launch import join_as_rank, spawn
@@ -19,7 +21,14 @@ from .engine.logs import wrapped
 from .engine.ownership import InUse, holding_the_output_dir, private_temporary_folder
 from .engine.process_group import LaunchError
 from .engine.processes import torchrun_rank, under_torchrun
-from .engine.stopping import INTERRUPTED, TERMINATED, WHEN_INTERRUPTED
+from .engine.stopping import (
+    INTERRUPTED,
+    SETTINGS_REFUSED,
+    STATUS_FILE_VARIABLE,
+    TERMINATED,
+    WHEN_INTERRUPTED,
+    SettingsRefused,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,9 +49,19 @@ def main(argv: list[str] | None = None) -> int:
 def as_one_rank(config, argv: list[str] | None) -> int:
     """One rank, started by torchrun or srun. Under torchrun, Ctrl+C comes from scripts/train.sh, which exits 130
     itself: a rank that saved and stopped on it ends with 0, since torchrun takes any other status for a failure
-    (it would restart the ranks, or print its failure report). Rank 0 says how to continue, as spawn's launcher does."""
-    status = join_as_rank(config)
+    (it would restart the ranks, or print its failure report). Rank 0 says how to continue, as spawn's launcher does.
+    Refused settings are said once a machine, and end every rank alike: with 0 and SETTINGS_REFUSED in the file
+    scripts/train.sh exits with, where it gave one."""
     rank = torchrun_rank()
+    try:
+        status = join_as_rank(config)
+    except SettingsRefused as refused:
+        status_file = os.environ.get(STATUS_FILE_VARIABLE) if refused.every_rank else None
+        if rank.local_rank == 0:
+            print(wrapped(f"error: {refused}"), file=sys.stderr, flush=True)
+            if status_file:
+                Path(status_file).write_text(str(SETTINGS_REFUSED), encoding="utf-8")
+        return 0 if status_file else SETTINGS_REFUSED
     if status != INTERRUPTED or rank.started_by != "torchrun":
         return status
     if rank.rank == 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,28 +25,8 @@ def port(value: int) -> str | None:
     return None if 1024 <= value <= 65535 else f"must be between 1024 and 65535, got {value}"
 
 
-def positive_finite(value: float) -> str | None:
-    return None if math.isfinite(value) and value > 0 else f"must be a finite number above 0, got {value}"
-
-
-def momentum_range(value: float) -> str | None:
-    return None if 0 <= value < 1 else f"must be at least 0 and below 1, got {value}"
-
-
 def a_folder(value: str) -> str | None:
     return None if value.strip() else f"must name a folder, got {value!r}; use one such as --output-dir outputs"
-
-
-def a_number(check: Callable, whole: bool = False) -> Callable[[object], str | None]:
-    """`check`, for a [recipe] value that TOML may have given any type: first that it is a number (an integer)."""
-
-    def checked(value) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
-            kind = "an integer" if whole else "a number"
-            return f"must be {kind}, got {value!r}; set it to {kind} in [recipe] of the config file"
-        return check(value)
-
-    return checked
 
 
 def setting(help: str, check: Callable | None = None, choices: tuple = (), aliases: tuple = ()):
@@ -142,10 +121,6 @@ class Config:
                 reason = f"must be one of {', '.join(choices)}, got {value!r}"
             if reason:
                 found.append(f"{setting_field.name} {reason}")
-        for name, check in RECIPE_CHECKS.items():
-            reason = check(self.settings[name]) if name in self.settings else None
-            if reason:
-                found.append(f"{name} {reason}")
         if found:
             return found  # the rules below assume every value is in range
         if self.node_rank >= self.nnodes:
@@ -205,12 +180,3 @@ def precision_warning(config: Config) -> str | None:
 
 SETTINGS = [f for f in dataclasses.fields(Config) if f.name not in ("environment", "settings")]
 SETTING_NAMES = [f.name for f in SETTINGS]
-# The ranges of the toy recipe's settings, checked with the engine's before any rank starts; a [recipe]
-# setting of yours with one of these names means the same thing and is held to the same range.
-RECIPE_CHECKS = {
-    "lr": a_number(positive_finite),
-    "momentum": a_number(momentum_range),
-    "samples": a_number(at_least(1), whole=True),
-}
-# They were [train] settings before [recipe] existed. A train.toml of that time (a project not updated yet,
-# or an update that kept the user's file as it was) still trains: they are read as [recipe] settings.

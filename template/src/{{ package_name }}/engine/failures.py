@@ -14,11 +14,12 @@ from pathlib import Path
 from .config import Config
 from .logs import shown_path, wrapped
 from .process_group import LaunchError
-from .stopping import STOPPED, TERMINATED
+from .stopping import STOPPED, TERMINATED, SettingsRefused
 
 # A collective whose peer left: gloo's source path in the error ("Connection reset by peer", "Connection closed").
 GLOO_LOST_A_PEER = re.compile(r"gloo[/\\]transport[/\\]")
 REFUSED = -1  # inside the launcher only: a rank refused to start (LaunchError); restarting cannot help
+REFUSED_SETTINGS = -2  # the same, for the settings (SettingsRefused): the run ends with SETTINGS_REFUSED
 
 
 def write_report(path: str, error: Exception) -> None:
@@ -28,7 +29,7 @@ def write_report(path: str, error: Exception) -> None:
     """
     refused = isinstance(error, LaunchError)
     message = str(error) if refused else "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    failure = {"refused": refused, "message": message, "time": time.time()}
+    failure = {"refused": refused, "settings": isinstance(error, SettingsRefused), "message": message, "time": time.time()}
     Path(path).write_text(json.dumps(failure), encoding="utf-8")
 
 
@@ -69,7 +70,7 @@ def outcome(config: Config, slot: int, code: int, failure: dict | None, silent: 
         return code
     if failure and failure["refused"]:
         print(wrapped(f"error: {failure['message']}"), file=sys.stderr, flush=True)
-        return REFUSED
+        return REFUSED_SETTINGS if failure.get("settings") else REFUSED
     if failure:
         reason = [line for line in failure["message"].splitlines() if line.strip()][-1]
         logs = Path(config.output_dir) / "logs"

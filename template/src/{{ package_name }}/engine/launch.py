@@ -17,10 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .config import Config
-from .failures import REFUSED, describe_silence, first_failure, outcome, write_report
+from .failures import REFUSED, REFUSED_SETTINGS, describe_silence, first_failure, outcome, write_report
 from .process_group import RESTART_VARIABLE, STORE_FILE_VARIABLE, LaunchError, restart_count
 from .processes import WINDOWS, RankInfo, process_context, torchrun_rank, under_torchrun
-from .stopping import INTERRUPTED, STOPPED, TERMINATED, WHEN_INTERRUPTED, listen_for_stop_requests
+from .stopping import (
+    INTERRUPTED,
+    SETTINGS_REFUSED,
+    STOPPED,
+    TERMINATED,
+    WHEN_INTERRUPTED,
+    listen_for_stop_requests,
+)
 
 FOLLOWERS_GRACE_S = 3  # how long a failed rank's peers get to end and report, so the first failure is named
 STOPPING_GRACE_S = 30  # how long ranks that stopped on request get to end before they are killed
@@ -160,8 +167,8 @@ def spawn(config: Config, rank_main: Callable[[Config, RankInfo], int] = trainin
 
     `rank_main` is a top-level function (or a functools.partial of one) that imports torch only when called. When
     one rank fails, the others are stopped, and with max_restarts > 0 all start again from the newest checkpoint
-    (a refusal is not retried). Ctrl+C stops every rank (130); SIGTERM (Ctrl+Break on Windows) asks them to save
-    a checkpoint and stop (143).
+    (a refusal is not retried; refused settings return 2). Ctrl+C stops every rank (130); SIGTERM (Ctrl+Break on
+    Windows) asks them to save a checkpoint and stop (143).
     """
     global _stop_signal
     _stop_signal = 0
@@ -185,8 +192,8 @@ def spawn(config: Config, rank_main: Callable[[Config, RankInfo], int] = trainin
                 config = dataclasses.replace(config, resume="auto")
             with _start_folder(config) as folder:
                 status = _run_ranks(config, folder, rank_main)
-            if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED) or _stop_signal:
-                return 1 if status == REFUSED else status
+            if status in (0, INTERRUPTED, STOPPED, TERMINATED, REFUSED, REFUSED_SETTINGS) or _stop_signal:
+                return {REFUSED: 1, REFUSED_SETTINGS: SETTINGS_REFUSED}.get(status, status)
         return status
     finally:
         for name, handler in previous.items():

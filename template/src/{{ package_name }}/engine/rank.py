@@ -6,6 +6,7 @@ the recipe or a checkpoint runs here, first thing, on the spawn, torchrun and Sl
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -22,20 +23,30 @@ from .context import RankContext
 from .devices import check_backend
 from .files import WriteError, write_text_durably
 from .logs import rank_logger, shown_path
-from .process_group import LaunchError, in_the_group, init_process_group, reduce_gradients_where_gloo_can
+from .process_group import (
+    LaunchError,
+    in_the_group,
+    init_process_group,
+    reduce_gradients_where_gloo_can,
+    restart_store,
+)
 from .processes import RankInfo
 from .recipes import in_the_recipe, recipe_check
-from .stopping import STOP_SIGNALS, StopRequested, exit_status, listen_for_stop_requests
+from .stopping import STOP_SIGNALS, SettingsRefused, StopRequested, exit_status, listen_for_stop_requests
 from .trainer import Trainer
+
+REFUSAL_KEY = "refusal"  # in torchrun's store, of this start only (restart_store): rank 0's verdict, "" to train
 
 
 def refusal(context: RankContext) -> str | None:
-    """What stops this run before its ranks meet: the backend, a bad checkpoint path, best_metric, a checkpoint that
-    does not fit the model, another run's folder.
+    """Why these settings cannot train, found before the ranks meet: the recipe's check, best_metric, a bad checkpoint
+    path, a checkpoint that does not fit the model, another run's folder.
 
-    Only rank 0 reads the checkpoint and claims the folder (the others wait for it in init_process_group
-    and write nothing until then), so a big checkpoint is read once and --overwrite deletes once.
+    Rank 0 alone decides (the others wait for it in init_process_group and write nothing until then), so a big
+    checkpoint is read once, --overwrite deletes once, and every rank ends alike (told_by_rank_0).
     """
+    if not context.is_main:
+        return None
     config, recipe = context.config, context.recipe
     problem = recipe_check(recipe, config)
     if problem:
@@ -45,8 +56,6 @@ def refusal(context: RankContext) -> str | None:
     own_columns = any(hasattr(recipe, name) for name in ("training_step", "validation_step", "metrics"))
     if not own_columns and config.best_metric not in ("val_loss", f"val_{metric}", "loss", metric):
         return f"best_metric {config.best_metric!r} is not a metrics.csv column; use val_loss or val_{metric}"
-    if not context.is_main:
-        return None
     resumed_run = None
     if config.resume not in ("auto", "none"):
         try:
@@ -56,6 +65,21 @@ def refusal(context: RankContext) -> str | None:
     return unresumable(context) or records.claim_output_dir(
         Path(config.output_dir), config.resume, config.overwrite, resumed_run
     )
+
+
+def told_by_rank_0(context: RankContext, reason: str | None) -> SettingsRefused | None:
+    """Rank 0's refusal, as every rank's under torchrun: the others read it from torchrun's store before they meet,
+    so each ends alike and torchrun reports no failure (train.py). Elsewhere rank 0's alone: the spawn launcher,
+    or srun, stops the others as it ends."""
+    timeout = datetime.timedelta(seconds=context.config.timeout_s)
+    store = restart_store(timeout) if context.started_by == "torchrun" else None
+    if store is None:
+        return SettingsRefused(reason) if reason else None
+    if context.is_main:
+        store.set(REFUSAL_KEY, reason or "")
+    else:
+        reason = store.get(REFUSAL_KEY).decode("utf-8")  # waits for rank 0's verdict
+    return SettingsRefused(reason, every_rank=True) if reason else None
 
 
 def unresumable(context: RankContext) -> str | None:
@@ -200,12 +224,12 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
 
 
 def run_rank(config: Config, info: RankInfo) -> int:
-    """Everything one rank does, from its checks to clean-up. A refusal raises LaunchError before any write."""
+    """Everything one rank does, from its checks to clean-up. A refusal raises SettingsRefused before any write."""
     check_backend(config)
     context = RankContext.create(config, info)
-    reason = refusal(context)
-    if reason:
-        raise LaunchError(reason)
+    refused = told_by_rank_0(context, refusal(context))
+    if refused:
+        raise refused
     context.use_devices()
     if config.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

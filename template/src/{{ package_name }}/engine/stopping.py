@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+from .process_group import LaunchError
+
 INTERRUPTED = 130  # the shell convention for Ctrl+C
 STOPPED = 75  # EX_TEMPFAIL: stopped on SIGUSR1 with a checkpoint saved; run again to continue
 TERMINATED = 143  # 128 + SIGTERM: stopped on SIGTERM (or Ctrl+Break on Windows) with a checkpoint saved
@@ -17,8 +19,23 @@ STOP_SIGNALS = tuple(
 # epoch's end (trainer.py), save a checkpoint and exit with STOPPED, INTERRUPTED or TERMINATED.
 STOP_CHECK_EVERY = 16
 WHEN_INTERRUPTED = "interrupted: every rank was stopped"  # what the launcher (or rank 0 under torchrun) prints
+SETTINGS_REFUSED = 2  # as argparse exits on a bad flag
+# Under torchrun, a rank that refused the settings ends with 0 (torchrun would report any other status as its
+# failure, or restart the ranks) and writes SETTINGS_REFUSED to this file, which scripts/train.sh exits with.
+STATUS_FILE_VARIABLE = "DDP_STATUS_FILE"
 
 _received = 0  # the signal this process received (0: none)
+
+
+class SettingsRefused(LaunchError):
+    """The settings cannot train, found by rank 0 before anything was written; the message names the fix.
+
+    every_rank: each rank of the job has it (under torchrun, rank 0 hands it to the others), so each can end alike.
+    """
+
+    def __init__(self, message: str, every_rank: bool = False) -> None:
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 class StopRequested(Exception):
