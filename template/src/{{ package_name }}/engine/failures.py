@@ -29,7 +29,8 @@ def write_report(path: str, error: Exception) -> None:
     """
     refused = isinstance(error, LaunchError)
     message = str(error) if refused else "".join(traceback.format_exception(type(error), error, error.__traceback__))
-    failure = {"refused": refused, "settings": isinstance(error, SettingsRefused), "message": message, "time": time.time()}
+    settings = isinstance(error, SettingsRefused)
+    failure = {"refused": refused, "settings": settings, "message": message, "time": time.time()}
     Path(path).write_text(json.dumps(failure), encoding="utf-8")
 
 

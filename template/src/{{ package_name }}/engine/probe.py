@@ -34,7 +34,7 @@ def probe_rank(config: Config, info) -> int:
     and a part that fails does not stop the others. The model, loaders and step are the engine's own (Trainer)."""
     context = RankContext.create(config, info, logging.getLogger(f"{PACKAGE}.smoke"))
     context.use_devices()
-    init_process_group(context)
+    init_process_group(context.config, context.rank, context.world_size, context.devices)
     found: dict = {"rank": info.rank, "devices": [str(device) for device in context.devices]}
     with in_the_group():
         try:

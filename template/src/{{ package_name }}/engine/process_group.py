@@ -15,8 +15,6 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
-    from .context import RankContext
-
 
 class LaunchError(RuntimeError):
     """Training cannot start; the message names the setting and the fix."""
@@ -124,12 +122,11 @@ def nccl_device(config: Config, devices: tuple[torch.device, ...]) -> torch.devi
     return devices[0]
 
 
-def init_process_group(context: RankContext) -> str:
+def init_process_group(config: Config, rank: int, world_size: int, devices: tuple[torch.device, ...]) -> str:
     """Join the process group, or fail after timeout_s saying what to check; where gloo listens, for the log."""
     import torch._dynamo  # noqa: F401 - before the group: see below
     import torch.distributed as dist
 
-    config = context.config
     # DDP's constructor imports torch._dynamo, which holds on to every process group that exists then: such a
     # group outlives destroy_process_group and its gloo threads can abort the rank's exit (SIGABRT).
     store_file = os.environ.get(STORE_FILE_VARIABLE)
@@ -143,21 +140,21 @@ def init_process_group(context: RankContext) -> str:
             backend = BOUND_GLOO
         store = restart_store(timeout) if under_torchrun() else None
         if store_file and not store:
-            store = dist.FileStore(store_file, context.world_size)
+            store = dist.FileStore(store_file, world_size)
             store.set_timeout(timeout)
         dist.init_process_group(
             backend=backend,
             init_method=None if store else "env://",
             store=store,
-            rank=context.rank,
-            world_size=context.world_size,
+            rank=rank,
+            world_size=world_size,
             timeout=timeout,
-            device_id=nccl_device(config, context.devices),
+            device_id=nccl_device(config, devices),
         )
     except (RuntimeError, TimeoutError, ValueError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise LaunchError(
-            f"rank {context.rank}: the {context.world_size} ranks did not all meet at {address} within "
+            f"rank {rank}: the {world_size} ranks did not all meet at {address} within "
             f"{config.timeout_s}s ({first_line}); gloo listened on {listening}. Start every node with the same "
             "--nnodes, --master-addr and --master-port; check that node 0 is reachable through its firewall; "
             "on machines with several network interfaces set GLOO_SOCKET_IFNAME to the one that reaches node 0"

@@ -206,7 +206,7 @@ def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: 
     except checkpoint.CheckpointError as error:
         raise LaunchError(str(error)) from None
     context.use_devices()
-    init_process_group(context)
+    init_process_group(context.config, context.rank, context.world_size, context.devices)
     with in_the_group():
         values = score(context, weights, checkpoint_path, split)
         if context.is_main:
@@ -237,7 +237,7 @@ def run_rank(config: Config, info: RankInfo) -> int:
     # SIGUSR1 from here on, so an early one cannot end the rank (its default); SIGTERM and Ctrl+Break only once
     # training is built: before that they end the rank at once, as a rank waiting for its peers must be able to.
     listen_for_stop_requests(tuple(signum for signum in STOP_SIGNALS if signum == getattr(signal, "SIGUSR1", None)))
-    listening = init_process_group(context)
+    listening = init_process_group(context.config, context.rank, context.world_size, context.devices)
     log = rank_logger(context.log, Path(config.output_dir), context.rank)  # after the meeting: the folder is claimed
     with in_the_group():
         try:
