@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -56,19 +57,23 @@ def as_flags(changes: dict) -> str:
     return " ".join(f"--{name.replace('_', '-')} {value}" for name, value in changes.items())
 
 
-def bf16_problem(gpus: dict[int, tuple[str, tuple[int, int]]]) -> str | None:
+def bf16_problem(gpus: dict[int, tuple[str, tuple[int, int]]], parallelism: str = "ddp") -> str | None:
     """Why bf16 cannot run well on these GPUs ({index: (name, compute capability)}), with the fix; None if it can.
 
     Volta and Turing (7.x) emulate bf16 slowly; Pascal (6.x) can fail in cuBLAS
-    (CUBLAS_STATUS_NOT_SUPPORTED ... CUDA_R_16BF). fp16 with a GradScaler runs on all of them.
+    (CUBLAS_STATUS_NOT_SUPPORTED ... CUDA_R_16BF). fp16 with a GradScaler runs on all of them, except under fsdp,
+    which refuses fp16 (config.py says why): there the fix is full precision.
     """
     old = [f"GPU {index} ({name}) is {cap[0]}.{cap[1]}" for index, (name, cap) in gpus.items() if cap < BF16_FLOOR]
     if not old:
         return None
+    if parallelism == "fsdp":
+        fix = '--precision no (precision = "no" in configs/train.toml; parallelism=fsdp cannot use fp16)'
+    else:
+        fix = '--precision fp16 (precision = "fp16" in configs/train.toml), or --precision no'
     return (
         f"precision=bf16 needs compute capability {BF16_FLOOR[0]}.{BF16_FLOOR[1]} (Ampere) or newer, and "
-        f"{', '.join(old)}: bf16 is emulated there (slow) or fails in cuBLAS; fix: --precision fp16 "
-        '(precision = "fp16" in configs/train.toml), or --precision no'
+        f"{', '.join(old)}: bf16 is emulated there (slow) or fails in cuBLAS; fix: {fix}"
     )
 
 
@@ -121,7 +126,13 @@ def backend_problems(config: Config, platform: str = sys.platform) -> list[str]:
             )
         elif config.precision == "bf16":
             used = {index: gpu for index, gpu in visible_gpus().items() if index < needed}
-            found += [problem] if (problem := bf16_problem(used)) else []
+            found += [problem] if (problem := bf16_problem(used, config.parallelism)) else []
+    if config.parallelism == "fsdp" and not hasattr(importlib.import_module("torch.distributed.fsdp"), "fully_shard"):
+        found.append(
+            f"parallelism=fsdp needs FSDP2's torch.distributed.fsdp.fully_shard, which torch {installed} does not "
+            "have (it is public from torch 2.6); fix: pin torch 2.6 or newer in environment.yml and set up the "
+            f"environment again, or train without sharding: {train} --parallelism ddp"
+        )
     return found
 
 

@@ -81,7 +81,7 @@ def _one_step(trainer, batch) -> tuple:
 def _step(config: Config, info, devices, trainer) -> dict:
     if config.device == "cuda" and config.precision == "bf16":
         own = {d.index: (torch.cuda.get_device_name(d), torch.cuda.get_device_capability(d)) for d in devices}
-        problem = bf16_problem(own)
+        problem = bf16_problem(own, config.parallelism)
         if problem:
             return {"error": problem}
     loss, finite = _one_step(trainer, next(batches_of(trainer.train_data)))
