@@ -204,7 +204,10 @@ def training_steps(trained: tuple[int, str], resumed: tuple[int, str] | None, ru
         Step(
             f"{2 * STEPS_PER_EPOCH} training steps and a checkpoint",
             not status and len(kept) == 2,
-            f"{len(kept)} checkpoint(s), model.pt written" if not status else error,
+            f"{len(kept)} {'sharded checkpoint folder' if kept and kept[0].is_dir() else 'checkpoint'}(s), model.pt "
+            "written"
+            if not status
+            else error,
             error if "fix" in error else f"the rank logs in a run of your own say more: python -m {PACKAGE}.train",
         )
     ]
