@@ -3,10 +3,11 @@
     python tests/bench/bench.py --project RENDERED_DEFAULT_PROJECT [--reps 3]
 
 Run through `nox -s bench`, which renders the default project and installs it first. Writes
-.bench/results.json, .bench/results.md, and the three tables of docs/performance.md (`--only checkpoints`:
+.bench/results.json, .bench/results.md, and the tables of docs/performance.md (`--only checkpoints`:
 the checkpoint table alone, from tests/bench/checkpoints.py; `--only same-work`: the engine against the
 same-work loop and what per-sample seeding costs a batch, tests/bench/sample_seeded.py; `--only cnn`: a small
-CNN through the engine against the same work written as PyTorch's DDP tutorial writes it).
+CNN through the engine against the same work written as PyTorch's DDP tutorial writes it; `--only memory`: what
+each rank holds of a 50 M-parameter model under ddp and fsdp, tests/bench/memory_recipe.py).
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ def package_of(project: Path) -> str:
     return re.search(r"^package_name: (\S+)$", answers, re.M).group(1)
 
 
-def train_args(project: Path, output_dir: Path, *extra: str) -> list[str]:
+def train_args(project: Path, output_dir: Path, *extra: str, ranks: int = 2) -> list[str]:
     return ["--config", str(project / "configs" / "train.toml"), "--output-dir", str(output_dir), "--resume", "none",
-            "--nproc-per-node", "2", "--global-batch-size", str(GLOBAL_BATCH), "--master-port", str(free_port()),
-            *extra]  # fmt: skip
+            "--nproc-per-node", str(ranks), "--global-batch-size", str(GLOBAL_BATCH), "--master-port",
+            str(free_port()), *extra]  # fmt: skip
 
 
 # -- 1. steady-state throughput ----------------------------------------------------------------
@@ -192,6 +193,83 @@ def cnn_markdown(runs: dict) -> str:
         f"ranks x 1 thread, batch 64 | {statistics.median(runs['engine']):.1f} | "
         f"{statistics.median(runs['tutorial']):.1f} | {statistics.median(ratios):.3f} | >= 0.98 (goal >= 1.0) |",
     ]) + "\n"  # fmt: skip
+
+
+# -- 7. memory: what each rank holds under ddp and fsdp (memory_recipe.py) ----------------------------------------
+MEMORY_MARKERS = ("<!-- bench:memory:start -->", "<!-- bench:memory:end -->")
+MEMORY_RANKS = (1, 2, 4)
+MEMORY_SAMPLES = 512  # 8 steps an epoch at the global batch of 64
+
+
+def memory_run(project: Path, parallelism: str, ranks: int, epochs: int = 1) -> dict:
+    """One training run of memory_recipe.py: each rank's bytes held after the first step, and (epochs > 1) the
+    steps/s of the last epoch (the first warms up). No checkpoint but the run's model.pt."""
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    with tempfile.TemporaryDirectory() as output:
+        env["BENCH_MEMORY_FILE"] = str(Path(output) / "memory")
+        args = train_args(project, Path(output) / "run", "--recipe", "memory_recipe", "--lr", "0.001", "--parallelism",
+                          parallelism, "--epochs", str(epochs), "--samples", str(MEMORY_SAMPLES),
+                          "--checkpoint-every", "1000000", ranks=ranks)  # fmt: skip
+        run([sys.executable, "-m", f"{package_of(project)}.train", *args], cwd=project, env=env)
+        held = [json.loads((Path(output) / f"memory.rank{rank}.json").read_text()) for rank in range(ranks)]
+        with open(Path(output) / "run" / "metrics.csv", encoding="utf-8") as handle:
+            last = list(csv.DictReader(handle))[-1]
+    return {"ranks": held, "steps_per_s": float(last["samples_per_s"]) / GLOBAL_BATCH}
+
+
+def memory(project: Path, reps: int) -> dict:
+    """Bytes for 1, 2 and 4 ranks (the same in every run), and fsdp's steps/s against ddp's at 2 ranks, interleaved."""
+    held = {f"{parallelism} x {ranks}": memory_run(project, parallelism, ranks)["ranks"]
+            for ranks in MEMORY_RANKS if ranks != 2 for parallelism in ("ddp", "fsdp")}  # fmt: skip
+    timed: dict[str, list[dict]] = {"ddp": [], "fsdp": []}
+    for rep in range(reps):
+        for parallelism in ("ddp", "fsdp") if rep % 2 == 0 else ("fsdp", "ddp"):
+            timed[parallelism].append(memory_run(project, parallelism, 2, epochs=2))
+    held.update({f"{parallelism} x 2": runs[0]["ranks"] for parallelism, runs in timed.items()})
+    rates = {parallelism: [one["steps_per_s"] for one in runs] for parallelism, runs in timed.items()}
+    return {"held": held, "steps_per_s": rates}
+
+
+def memory_markdown(result: dict) -> str:
+    held, rates = result["held"], result["steps_per_s"]
+
+    def most(name: str) -> int:  # the rank holding the most: per-rank bytes are the largest of any rank's
+        return max(rank["parameters"] + rank["gradients"] + rank["optimizer"] for rank in held[name])
+
+    def mb(count: float) -> str:
+        return f"{count / 1e6:.1f} MB"
+
+    count = held["ddp x 1"][0]["parameter_count"]
+    targets = {1: "", 2: "<= 0.55", 4: "<= 0.3"}
+    lines = [
+        f"Model: {count / 1e6:.1f} M parameters (fp32), AdamW; bytes held by each rank after the first step "
+        "(the largest of any rank's; local shards), gloo ranks on the CPU.",
+        "",
+        "| ranks | ddp: parameters + gradients + optimizer | fsdp: parameters + gradients + optimizer | "
+        "fsdp / ddp | target |",
+        "|---|---|---|---|---|",
+    ]
+    for ranks in MEMORY_RANKS:
+        parts = {}
+        for parallelism in ("ddp", "fsdp"):
+            rank = max(
+                held[f"{parallelism} x {ranks}"], key=lambda r: r["parameters"] + r["gradients"] + r["optimizer"]
+            )
+            parts[parallelism] = (f"{mb(most(f'{parallelism} x {ranks}'))} ({mb(rank['parameters'])} + "
+                                  f"{mb(rank['gradients'])} + {mb(rank['optimizer'])})")  # fmt: skip
+        ratio = most(f"fsdp x {ranks}") / most(f"ddp x {ranks}")
+        lines.append(f"| {ranks} | {parts['ddp']} | {parts['fsdp']} | {ratio:.3f} | {targets[ranks] or 'none'} |")
+    speed = [fsdp / ddp for fsdp, ddp in zip(rates["fsdp"], rates["ddp"], strict=True)]
+    lines += [
+        "",
+        "| measurement | fsdp | ddp | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| steps/s, 2 gloo ranks x 1 thread, batch 64, the same model (medians of {len(speed)} interleaved runs; "
+        f"each run's ratio in brackets) | {statistics.median(rates['fsdp']):.2f} | "
+        f"{statistics.median(rates['ddp']):.2f} | {statistics.median(speed):.2f} "
+        f"({', '.join(f'{ratio:.2f}' for ratio in speed)}) | none |",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 # -- 2. launch to the first optimizer step ---------------------------------------------------------
@@ -330,23 +408,23 @@ def main() -> int:
     parser.add_argument("--ci-cold-s", type=float, help="wall time of a cold `nox` run, measured separately")
     parser.add_argument("--ci-warm-s", type=float, help="wall time of a warm `nox -R` run, measured separately")
     parser.add_argument(
-        "--only", choices=["cnn", "checkpoints", "same-work"], help="run one section, update only its table"
+        "--only", choices=["cnn", "checkpoints", "same-work", "memory"], help="run one section, update only its table"
     )
     args = parser.parse_args()
     project = args.project.resolve()
     reps = args.reps
-    if args.only in (None, "cnn"):
-        runs = cnn(project, reps)
-        (ROOT / ".bench").mkdir(exist_ok=True)
-        (ROOT / ".bench" / "cnn.json").write_text(json.dumps(runs, indent=2), encoding="utf-8")
-        write_docs_section(CNN_MARKERS, cnn_markdown(runs))
-        print(cnn_markdown(runs))
-    if args.only in (None, "same-work"):
-        compared = same_work(project, reps)
-        (ROOT / ".bench").mkdir(exist_ok=True)
-        (ROOT / ".bench" / "same-work.json").write_text(json.dumps(compared, indent=2), encoding="utf-8")
-        write_docs_section(SAME_WORK_MARKERS, same_work_markdown(compared))
-        print(same_work_markdown(compared))
+    sections = {
+        "cnn": (lambda: cnn(project, reps), CNN_MARKERS, cnn_markdown),
+        "same-work": (lambda: same_work(project, reps), SAME_WORK_MARKERS, same_work_markdown),
+        "memory": (lambda: memory(project, reps), MEMORY_MARKERS, memory_markdown),
+    }
+    for name, (measure, markers, markdown_of) in sections.items():
+        if args.only in (None, name):
+            result = measure()
+            (ROOT / ".bench").mkdir(exist_ok=True)
+            (ROOT / ".bench" / f"{name}.json").write_text(json.dumps(result, indent=2), encoding="utf-8")
+            write_docs_section(markers, markdown_of(result))
+            print(markdown_of(result))
     if args.only in (None, "checkpoints"):
         checkpoints = checkpoint_markdown(checkpoint_scaling(project, reps))
         write_docs_section(CHECKPOINT_MARKERS, checkpoints)

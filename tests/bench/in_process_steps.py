@@ -95,7 +95,7 @@ def rank_main(rank: int, args: argparse.Namespace) -> None:
                                  ours.config.settings["momentum"], ours.config.seed)  # fmt: skip
         # A second copy of the loop reads what this measurement gives for two runs with no difference.
         runs = {"engine": ours, "same work": loop(), "same work again": loop()}
-        steps = len(ours.trainer.train_data)
+        steps = len(ours.loaders.order_of(ours.trainer.train_data)) // BATCH
         timings: list[dict[str, list[float]]] = []
         for epoch in range(args.epochs):
             for run in runs.values():

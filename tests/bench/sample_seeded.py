@@ -56,10 +56,10 @@ def per_batch_us(sampler: DistributedSampler, batches_of) -> float:
 
 
 def unseeded_fetch(dataset: Dataset):
-    """SampleSeeded's fetch of a batch's keys (epoch, indices) without the seeding: the dataset's own."""
+    """SampleSeeded's fetch of its keys (epoch, [indices of a batch, ...]) without the seeding: the dataset's own."""
     if hasattr(dataset, "__getitems__"):
-        return lambda keys: dataset.__getitems__(keys[1])
-    return lambda keys: [dataset[index] for index in keys[1]]
+        return lambda keys: [dataset.__getitems__(indices) for indices in keys[1]]
+    return lambda keys: [[dataset[index] for index in indices] for indices in keys[1]]
 
 
 def main() -> None:

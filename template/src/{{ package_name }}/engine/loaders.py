@@ -28,9 +28,19 @@ from . import Batch
 from .processes import process_context
 from .streams import WATCHED, sample_seed, seed_torch
 
+# A rank without workers fetches this many batches at a time: SampleSeeded then saves, watches and puts back the
+# random streams once per fetch, not once per batch (numpy's get_state alone takes about 30 us); the fetch's
+# batches wait in memory until trained on. A worker fetches one batch at a time, as DataLoader's workers do.
+FETCHED_TOGETHER = 8
+
 
 def collate(samples):
     return samples if isinstance(samples, Batch) else default_collate(samples)
+
+
+def collate_each(batches: list) -> list:
+    """One fetch's batches, each collated."""
+    return [collate(samples) for samples in batches]
 
 
 def map_tensors(batch, change):
@@ -125,26 +135,29 @@ class EveryNth(Sampler):
 
 
 class KeyBatches(Sampler):
-    """A sampler's order in batches of `size`, each as (epoch, [index, ...]): the keys SampleSeeded fetches.
+    """A sampler's order in batches of `size`, `together` batches a fetch, each fetch as
+    (epoch, [[index, ...], ...]): the keys SampleSeeded fetches.
 
     The epoch travels with the indices, so SampleSeeded knows it in whichever worker. A batch is one slice
     of the epoch's order, where BatchSampler takes a Python step per sample (docs/performance.md).
     """
 
-    def __init__(self, sampler: Sampler, size: int, drop_last: bool) -> None:
-        self.sampler, self.size, self.drop_last = sampler, size, drop_last
+    def __init__(self, sampler: Sampler, size: int, drop_last: bool, together: int) -> None:
+        self.sampler, self.size, self.drop_last, self.together = sampler, size, drop_last, together
 
     def __iter__(self):
         # A generator: the order is drawn with the first batch (a worker DataLoader calls iter() twice on its
         # first epoch and draws from the second only).
         order, size, epoch = list(self.sampler), self.size, self.sampler.epoch
         end = len(order) - len(order) % size if self.drop_last else len(order)
-        for start in range(0, end, size):
-            yield epoch, order[start : start + size]
+        starts = range(0, end, size)
+        for first in range(0, len(starts), self.together):
+            yield epoch, [order[start : start + size] for start in starts[first : first + self.together]]
 
     def __len__(self) -> int:
+        """Fetches per epoch."""
         full, rest = divmod(len(self.sampler), self.size)
-        return full + (rest > 0 and not self.drop_last)
+        return -(-(full + (rest > 0 and not self.drop_last)) // self.together)
 
 
 def fetches_whole_batches(dataset: Dataset) -> bool:
@@ -155,17 +168,17 @@ def fetches_whole_batches(dataset: Dataset) -> bool:
 
 
 class SampleSeeded(Dataset):
-    """The recipe's dataset, fetched a batch at a time with each sample's random draws seeded (streams.py).
+    """The recipe's dataset, fetched a few batches at a time with each sample's random draws seeded (streams.py).
 
-    Keys come from KeyBatches as (epoch, [index, ...]); a dataset with `__getitems__` of its own gets one seed
-    per batch, from its first sample. Validation batches come with epoch -1 (EveryNth): the same every epoch.
-    A rank without workers gets its own streams back after each batch, so its dropout stream is its own;
+    Keys come from KeyBatches as (epoch, [[index, ...], ...]); a dataset with `__getitems__` of its own gets one
+    seed per batch, from its first sample. Validation batches come with epoch -1 (EveryNth): the same every epoch.
+    A rank without workers gets its own streams back after each fetch, so its dropout stream is its own;
     a worker draws from them for the dataset alone. Only CPU streams are seeded: workers cannot use CUDA.
 
     torch's stream is seeded for every sample; numpy's and Python's once the dataset is seen to draw from them
-    (streams.WATCHED): until then each batch compares their states before and after, and the first batch that
+    (streams.WATCHED): until then each fetch compares their states before and after, and the first fetch that
     moves one is fetched again, with that stream put back and seeded from then on. So in each process (a rank,
-    or a worker) that one batch is fetched twice.
+    or a worker) that one fetch is made twice.
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
@@ -200,9 +213,12 @@ class SampleSeeded(Dataset):
                     if stream.name in self.draws_from:
                         stream.put(before[stream.name])
 
-    def fetch(self, keys: tuple[int, list]):
-        epoch, indices = keys
+    def fetch(self, keys: tuple[int, list]) -> list:
+        epoch, batches = keys
         seeded = [stream.seed for stream in WATCHED if stream.name in self.draws_from]
+        return [self.fetch_batch(seeded, epoch, indices) for indices in batches]
+
+    def fetch_batch(self, seeded: list, epoch: int, indices: list):
         if self.batched:
             self.seed_draws(seeded, epoch, indices[0])
             return self.dataset.__getitems__(indices)
@@ -223,7 +239,7 @@ def _loader(dataset: Dataset, batches: KeyBatches, workers: int, seed: int, rank
     return DataLoader(
         SampleSeeded(dataset, seed),
         batch_sampler=batches,
-        collate_fn=collate,
+        collate_fn=collate_each,
         num_workers=workers,
         persistent_workers=workers > 0,  # started once per run, not once per epoch and validation
         # Spawned, as the ranks are and as on Windows: a Dataset that Windows cannot pickle fails on Linux too.
@@ -236,11 +252,13 @@ def _loader(dataset: Dataset, batches: KeyBatches, workers: int, seed: int, rank
 def training_loader(dataset, micro_batch: int, rank: int, world_size: int, seed: int, workers: int, pin: bool):
     # drop_last twice: every rank gets as many samples (sampler) and every micro-batch is full (batches).
     sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True)
-    return _loader(dataset, KeyBatches(sampler, micro_batch, drop_last=True), workers, seed, rank, pin)
+    batches = KeyBatches(sampler, micro_batch, drop_last=True, together=1 if workers else FETCHED_TOGETHER)
+    return _loader(dataset, batches, workers, seed, rank, pin)
 
 
 def validation_loader(dataset, batch: int, rank: int, world_size: int, seed: int, workers: int, pin: bool):
-    batches = KeyBatches(EveryNth(len(dataset), rank, world_size), batch, drop_last=False)
+    together = 1 if workers else FETCHED_TOGETHER
+    batches = KeyBatches(EveryNth(len(dataset), rank, world_size), batch, drop_last=False, together=together)
     return _loader(dataset, batches, workers, seed, rank, pin)
 
 
@@ -250,5 +268,5 @@ def order_of(loader: DataLoader) -> Sampler:
 
 
 def batches_of(loader: DataLoader):
-    """The loader's batches, from DataLoader's own iterator (with workers or without)."""
-    return iter(loader)
+    """The loader's batches, one at a time, from DataLoader's own iterator (with workers or without)."""
+    return itertools.chain.from_iterable(iter(loader))
