@@ -1,6 +1,7 @@
-"""Checkpoints that survive Windows file semantics, interrupted writes and flipped bits.
+"""Checkpoint files that survive Windows file semantics, interrupted writes and flipped bits, and a run's checkpoints
+(files, or fsdp's folders) found, pruned, set aside and read.
 
-Only rank 0 writes, through files.write_durably (temporary file, fsync,
+Only rank 0 writes a file, through files.write_durably (temporary file, fsync,
 os.replace, fsync of the folder), so a crash or a power cut mid-save leaves
 the previous checkpoint intact. A checkpoint is the zip archive torch.save
 writes, holding only tensors and plain Python values, so
@@ -12,18 +13,13 @@ a cut file is caught instead of trained on, for about what torch.save and
 torch.load cost alone. Each name carries the run's identity (step-00000016-<run id>.pt):
 a run lists, resumes from and prunes only its own.
 
-Under fsdp a checkpoint is a folder of the same name without .pt, which saving.py writes: every rank's shards
-(torch.distributed.checkpoint's __<rank>_<n>.distcp files and its .metadata), trainer.pt (the rest of the
-state, a file as above) and, written last, manifest.json, the size and CRC-32 of each of those files. The
-folder is checked against its manifest before it is read: DCP's own metadata holds the offset and length of
-each tensor but no checksum, so a flipped byte would load unnoticed, and a cut shard would fail only in the
-middle of a collective load on every rank.
+Under fsdp a checkpoint is a folder of the same name without .pt (folders.py), checked against its manifest here
+before it is read.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import mmap
 import os
@@ -32,7 +28,6 @@ import re
 import shutil
 import struct
 import threading
-import warnings
 import zipfile
 import zlib
 from pathlib import Path
@@ -40,7 +35,8 @@ from typing import BinaryIO
 
 import torch
 
-from .files import replace, sync_folder, write_durably, write_text_durably
+from .files import write_durably
+from .folders import MANIFEST, TRAINER_STATE, damage, sharded_tensors, whole_model
 
 try:
     from torch.utils.serialization import config as serialization_config
@@ -53,8 +49,6 @@ _TRAILER = re.compile(rb"crc32=([0-9a-f]{8})\Z")
 _TRAILER_SIZE = len(b"crc32=00000000")
 _END_OF_ARCHIVE = struct.Struct("<4s16xH")  # the zip's last record: signature ... comment length
 _NO_COMMENT = b"\0\0"
-MANIFEST, TRAINER_STATE = "manifest.json", "trainer.pt"  # in a folder checkpoint
-_CHUNK = 1 << 24
 
 
 class CheckpointError(RuntimeError):
@@ -194,60 +188,23 @@ def prune(output_dir: str | Path, run_id: str, keep: int) -> None:
         remove(leftover)
 
 
-def file_sum(path: Path) -> dict:
-    """A file's size and CRC-32, as a folder's manifest holds them, read in chunks (a shard may be large)."""
-    crc, size = 0, 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            crc, size = zlib.crc32(chunk, crc), size + len(chunk)
-    return {"bytes": size, "crc32": f"{crc:08x}"}
-
-
-def seal(temporary: Path, folder: Path, sums: dict[str, dict]) -> None:
-    """Rank 0, once every rank's files in `temporary` are written and synced: the manifest of them all (`sums`, and
-    the files rank 0 wrote), the folder synced, then named `folder` (whole or not at all) and its parent synced."""
-    for name in (".metadata", TRAINER_STATE):
-        sums[name] = file_sum(temporary / name)
-    write_text_durably(temporary / MANIFEST, json.dumps({"files": sums}, indent=1, sort_keys=True))  # syncs the folder
-    if folder.is_dir():  # this step saved before, by a run resumed from an earlier checkpoint since
-        shutil.rmtree(folder)
-    replace(temporary, folder)
-    sync_folder(folder.parent)
-
-
-def check_folder(folder: Path) -> None:
-    """Every file a folder checkpoint's manifest names, there with its size and CRC-32 (CheckpointError if not):
-    the sizes first, which a cut file fails without a byte read."""
-    try:
-        files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
-        sizes = {name: (folder / name).stat().st_size for name in files}
-    except FileNotFoundError as error:
-        missing = Path(error.filename or MANIFEST).name
-        raise CheckpointError(f"checkpoint {folder} is damaged ({missing} is missing)") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        raise CheckpointError(f"checkpoint {folder} is damaged ({MANIFEST}: {type(error).__name__}: {error})") from None
-    for name, size in sizes.items():
-        if size != files[name]["bytes"]:
-            raise CheckpointError(
-                f"checkpoint {folder} is damaged ({name} is {size} bytes, {MANIFEST} says {files[name]['bytes']}: "
-                "it is cut short, or another program wrote it)"
-            )
-    for name in files:
-        if file_sum(folder / name)["crc32"] != files[name]["crc32"]:
-            raise CheckpointError(f"checkpoint {folder} is damaged ({name} does not match its CRC-32 checksum)")
-
-
 def load(path: Path, training_state: bool = True, checked: bool = False) -> dict:
     """A checkpoint's contents after its CRC-32s are checked; training_state=False also takes best.pt and
     model.pt (weights only), and gathers a folder's model whole. A folder's training state holds no model or
-    optimizer tensors: every rank reads its own shards of them (saving.load_shards). checked: the folder's
+    optimizer tensors: every rank reads its own shards of them (saving.with_shards). checked: the folder's
     manifest was checked already (rank 0 checks it; the other ranks read trainer.pt alone)."""
     if not is_folder(path):  # another folder: "cannot be read"
         return _checked(path, _load_file(path), training_state)
-    if not checked:
-        check_folder(path)
+    found = None if checked else damage(path)
+    if found:
+        raise CheckpointError(f"checkpoint {path} is damaged ({found})")
     state = _load_file(path / TRAINER_STATE)
-    return _checked(path, {**state, "model": _whole_model(path)} if not training_state else state, training_state)
+    if not training_state:
+        try:
+            state = {**state, "model": whole_model(path)}
+        except Exception as error:  # DCP raises several types for damaged files
+            raise CheckpointError(f"checkpoint {path} is damaged ({type(error).__name__}: {error})") from None
+    return _checked(path, state, training_state)
 
 
 def _checked(path: Path, state, training_state: bool) -> dict:
@@ -298,35 +255,6 @@ def _load_file(path: Path) -> dict:
     return state
 
 
-def _sharded_tensors(folder: Path) -> dict:
-    """{name: TensorStorageMetadata} of the model's tensors in a folder's shards (DCP's .metadata: names are
-    "model.<name>" there)."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    entries = FileSystemReader(folder).read_metadata().state_dict_metadata
-    return {
-        name.removeprefix("model."): entry
-        for name, entry in entries.items()
-        if name.startswith("model.") and isinstance(entry, TensorStorageMetadata)
-    }
-
-
-def _whole_model(folder: Path) -> dict:
-    """A folder's model state dict, whole, on the CPU, read in this process from every rank's shards."""
-    import torch.distributed.checkpoint as dcp
-
-    try:
-        model = {name: torch.empty(entry.size, dtype=entry.properties.dtype) for name, entry in
-                 _sharded_tensors(folder).items()}  # fmt: skip
-        with warnings.catch_warnings():  # that it reads in one process, which is the intent
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load({"model": model}, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
-    except Exception as error:  # DCP raises several types for damaged files
-        raise CheckpointError(f"checkpoint {folder} is damaged ({type(error).__name__}: {error})") from None
-    return model
-
-
 def _torch_load(path: Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -348,7 +276,7 @@ def what_it_resumes(path: Path) -> dict | None:
     try:
         if is_folder(path):
             state = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True, mmap=True)
-            shapes = {name: tuple(entry.size) for name, entry in _sharded_tensors(path).items()}
+            shapes = {name: tuple(entry.size) for name, entry in sharded_tensors(path).items()}
         else:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
             shapes = {name: tuple(tensor.shape) for name, tensor in state["model"].items()}

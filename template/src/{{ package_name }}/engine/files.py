@@ -37,19 +37,28 @@ def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
             os.fsync(handle.fileno())  # else a power cut right after the rename can leave an empty file there
         replace(temporary, path)
     except BaseException as error:
+        failure = write_error(error, path)  # first: the disk as full as the write found it
         temporary.unlink(missing_ok=True)  # never leave a partial file behind
-        if isinstance(error, Exception) and disk_full(error, path.parent):
-            # torch.save reports a full disk as "inline_container.cc:... unexpected pos": say what it is.
-            raise WriteError(
-                f"no space left on device while writing {path}: free space on that disk, or set output_dir to "
-                "a folder on another one, then resume (--resume auto). Earlier checkpoints are intact."
-            ) from error
-        refused = isinstance(error, OSError) and cannot_write(error)
-        if refused:
-            kind = WriteDenied if isinstance(error, PermissionError) else WriteError
-            raise kind(f"{refused} while writing {path}: {refused_fix(error, path)}") from error
+        if failure:
+            raise failure from error
         raise
     sync_folder(path.parent)
+
+
+def write_error(error: BaseException, path: Path) -> WriteError | None:
+    """`error`, met while writing `path` (a file, or a folder of them), as the WriteError that names its fix; None
+    when it is not the disk's or the operating system's refusal. Call it before the partial write is removed."""
+    refused = isinstance(error, OSError) and cannot_write(error)
+    if refused:  # first: a refusal on a disk that is also nearly full is still a refusal
+        kind = WriteDenied if isinstance(error, PermissionError) else WriteError
+        return kind(f"{refused} while writing {path}: {refused_fix(error, path)}")
+    if isinstance(error, Exception) and disk_full(error, path.parent):
+        # torch.save reports a full disk as "inline_container.cc:... unexpected pos": say what it is.
+        return WriteError(
+            f"no space left on device while writing {path}: free space on that disk, or set output_dir to "
+            "a folder on another one, then resume (--resume auto). Earlier checkpoints are intact."
+        )
+    return None
 
 
 # What the operating system refused a write for, and its number (errno; winerror 206: a path too long on Windows).

@@ -1,10 +1,12 @@
 """Step checkpoints as the trainer saves them and finds them again: one file that rank 0 writes (ddp), or a folder in
-which every rank writes its own shards (fsdp); checkpoint.py holds both formats and their checks.
+which every rank writes its own shards (fsdp); checkpoint.py holds the file format, folders.py the folder's.
 
 A folder is written as a file is (files.py): into a temporary sibling, `<name>.tmp`, named only once whole.
 1. rank 0 clears a killed save's `<name>.tmp`; the ranks meet;
 2. every rank writes its shards of the model and the optimizer through torch.distributed.checkpoint
    (`__<rank>_<n>.distcp`, each synced; rank 0 also `.metadata`), then sums its own files (size, CRC-32);
+   a rank's failure there, a full disk for one, reaches every rank, which each remove `<name>.tmp` and stop
+   with the one line of files.write_error;
 3. rank 0 writes trainer.pt, the rest of the state, as ddp's file without the model and optimizer tensors,
    then the manifest of every file, syncs the folder, renames it and syncs its parent.
 Only tensors go through torch.distributed.checkpoint: it loads any other value with pickle (weights_only=False),
@@ -23,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 from . import checkpoint, records
+from .files import write_error
+from .folders import TRAINER_STATE, file_sum, seal
 from .logs import shown_path
 
 
@@ -72,17 +76,29 @@ def save_shards(state: dict, folder: Path) -> None:
     temporary, rank = folder.with_name(folder.name + ".tmp"), dist.get_rank()
     if rank == 0:
         shutil.rmtree(temporary, ignore_errors=True)
-        temporary.mkdir(parents=True)
     dist.barrier()  # no rank writes into the folder before it is empty
     tensors, rest = tensors_apart(state)
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(temporary, sync_files=True))
+    try:  # DCP makes the folder, so a folder that refuses it fails here as a full disk does: on every rank
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(temporary, sync_files=True))
+    except dcp.CheckpointException as error:  # raised on every rank, each done writing
+        failures = error.failures
+        failure = write_error(failures[min(failures)][0], folder) if failures else None  # the lowest rank's
+        dist.barrier()  # every rank has judged the disk before one frees it
+        shutil.rmtree(temporary, ignore_errors=True)  # every rank, before it logs: a full disk has room again
+        if failure:
+            raise failure from error  # each rank's traceback, in DCP's error, goes to the rank's log
+        raise
     # When save returns on a rank, every rank has written (rank 0 wrote .metadata after hearing from all).
-    own = {path.name: checkpoint.file_sum(path) for path in sorted(temporary.glob(f"__{rank}_*.distcp"))}
+    own = {path.name: file_sum(path) for path in sorted(temporary.glob(f"__{rank}_*.distcp"))}
     sums: list | None = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(own, sums, dst=0)
     if rank == 0:
-        checkpoint.save_atomic(rest, temporary / checkpoint.TRAINER_STATE)
-        checkpoint.seal(temporary, folder, {name: entry for part in sums for name, entry in part.items()})
+        try:
+            checkpoint.save_atomic(rest, temporary / TRAINER_STATE)
+            seal(temporary, folder, {name: entry for part in sums for name, entry in part.items()})
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)  # before the ranks log: a full disk has room again
+            raise
 
 
 def with_shards(state: dict, folder: Path, model, optimizer: torch.optim.Optimizer) -> dict:
