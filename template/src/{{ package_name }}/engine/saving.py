@@ -104,9 +104,9 @@ def starting_point(context, model, optimizer) -> tuple[Path | None, dict | None,
         picked = [resume, state.get("run_id") or uuid.uuid4().hex[:8]]
     elif context.is_main:
         run_id = records.run_id_of(output_dir) if resume == "auto" else None
-        found = run_id and checkpoint.load_newest_good(output_dir, run_id, context.log.warning)
+        found = checkpoint.load_newest_good(output_dir, run_id, context.log.warning) if run_id is not None else None
         path, state = found or (None, None)
-        picked = [str(path) if path else None, run_id or uuid.uuid4().hex[:8]]
+        picked = [str(path) if path else None, uuid.uuid4().hex[:8] if run_id is None else run_id]
     dist.broadcast_object_list(picked, src=0)
     if picked[0] is None:
         return None, None, picked[1]

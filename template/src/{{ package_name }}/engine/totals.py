@@ -32,7 +32,9 @@ class Totals:
             counts = torch.tensor([batch[0] for batch in self.waiting], dtype=torch.float64, device=self.device)
             for position, weighted in ((1, True), (2, False)):
                 for name in self.waiting[0][position]:
-                    values = stacked([batch[position][name] for batch in self.waiting], self.device)
+                    # Tensors of one shape, or Python numbers; on the two devices of a split model, brought to one.
+                    values = [torch.as_tensor(batch[position][name]).to(self.device) for batch in self.waiting]
+                    values = torch.stack(values).double()
                     if weighted and name == "loss":
                         bad = ~torch.isfinite(values)
                         none = torch.tensor(torch.iinfo(torch.int64).max, device=values.device)
@@ -54,15 +56,6 @@ class Totals:
         self.folded = {name: value.to(self.device) for name, value in saved["sums"].items()}
         self.samples, self.waiting = saved["samples"].to(self.device), []
         self.batches = saved.get("batches", 0)
-
-
-def stacked(values: list, device: torch.device) -> torch.Tensor:
-    """Reported values (tensors of one shape, or Python numbers) as one fp64 tensor on `device`."""
-    try:
-        together = torch.stack(values)  # the common case: tensors on one device
-    except (TypeError, RuntimeError):  # numbers, or tensors on the two devices of a split model
-        together = torch.stack([torch.as_tensor(value).to(device) for value in values])
-    return together.to(device, torch.float64)
 
 
 def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], float]]:
