@@ -19,13 +19,7 @@ from .context import RankContext
 from .devices import check_backend
 from .files import WriteError, write_text_durably
 from .logs import rank_logger, shown_path
-from .process_group import (
-    LaunchError,
-    in_the_group,
-    init_process_group,
-    reduce_gradients_where_gloo_can,
-    restart_store,
-)
+from .process_group import LaunchError, in_the_group, init_process_group, reduce_gradients_where_gloo_can, restart_store
 from .processes import RankInfo
 from .recipes import in_the_recipe, recipe_check
 from .stopping import STOP_SIGNALS, SettingsRefused, StopRequested, exit_status, listen_for_stop_requests

@@ -76,7 +76,7 @@ class Trainer:
             if warning := precision_warning(config):
                 self.log.warning(warning)
         progress = progress_bar(self.total_steps, self.schedule_position) if is_main and config.progress else None
-        try:
+        with progress if progress is not None else contextlib.nullcontext():  # the bar closed, however it ends
             for epoch in range(self.epoch, config.epochs):
                 stop = records.early_stop_reason(self.best, self.epoch, config)
                 if stop:
@@ -84,9 +84,6 @@ class Trainer:
                         self.log.info(stop)
                     break
                 self.run_epoch(epoch, progress)
-        finally:
-            if progress is not None:
-                progress.close()
         weights = sharding.full_weights(self.model)  # every rank: under fsdp it gathers
         if is_main:
             saving.save_weights(weights, self.output_dir / "model.pt", config, epoch=self.epoch)
@@ -165,9 +162,7 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, totals: Totals) -> None:
-        """This rank's share of the validation set (every sample once over all ranks), scored with what rank 0 saves:
-        its buffers (BatchNorm's running statistics, each rank's own after the last step) copied to every rank, as
-        DDP would at the next training forward."""
+        """This rank's share of the validation set, scored with rank 0's buffers (BatchNorm's statistics), as saved."""
         module = self.model.module
         for buffer in module.buffers():
             sent = buffer.to(reduction_device(buffer.device))
@@ -258,8 +253,7 @@ class Trainer:
 
     @property
     def schedule_position(self) -> int:
-        """The schedule's steps that the samples trained so far make in this run's batch (global_step counts the steps
-        taken, and names the checkpoints)."""
+        """The schedule's steps that the samples trained so far make in this run's batch (global_step: steps taken)."""
         return self.epoch * self.steps_per_epoch + self.step_in_epoch
 
     def resume(self) -> None:
@@ -293,9 +287,8 @@ class Trainer:
         self.save()
 
     def stop_voted(self, wait: bool = False) -> int:
-        """The stop signal any rank had got (0: none). Mid-epoch, by the previous check: this check's vote is left in
-        flight until the next, so no step waits for it, and all ranks still stop at the same step. At an epoch's end
-        (`wait`), agreed now."""
+        """The stop signal any rank got (0: none): mid-epoch by the previous check, whose vote no step waited for; at an
+        epoch's end (`wait`) by now."""
         if self.stop_vote is not None:
             (work, flag), self.stop_vote = self.stop_vote, None
             work.wait()
