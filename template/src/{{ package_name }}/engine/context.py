@@ -18,14 +18,11 @@ from .recipes import load_recipe
 
 @dataclass(frozen=True)
 class RankContext:
-    """Who this rank is, where it computes, what it trains and where it logs (Lightning Fabric's global_rank,
-    world_size, device and is_global_zero, in one place)."""
+    """Who this rank is, where it computes, what it trains and where it logs."""
 
     config: Config
     rank: int
-    local_rank: int
     world_size: int
-    node_rank: int
     started_by: str  # for the log: spawn (this program), torchrun, srun
     devices: tuple[torch.device, ...]  # one for plain DDP; the split model's two: inputs on [0], targets on [-1]
     recipe: ModuleType
@@ -37,13 +34,11 @@ class RankContext:
 
     @classmethod
     def create(cls, config: Config, info: RankInfo, log: logging.Logger | None = None) -> RankContext:
-        """The rank's context: its devices computed and the recipe imported (and checked) here, once."""
+        """The rank's devices computed and the recipe imported (and checked) here, once."""
         return cls(
             config=config,
             rank=info.rank,
-            local_rank=info.local_rank,
             world_size=info.world_size,
-            node_rank=info.rank // config.nproc_per_node,
             started_by=info.started_by,
             devices=devices_for(config, info.local_rank),
             recipe=load_recipe(config.recipe),

@@ -1,8 +1,4 @@
-"""What one rank does: refuse a bad start before anything is written, join the group, train the recipe.
-
-The launcher (train.py) never imports torch; every rank does, so each check that needs torch,
-the recipe or a checkpoint runs here, first thing, on the spawn, torchrun and Slurm paths alike.
-"""
+"""What one rank does (the launcher never imports torch): refuse a bad start before any write, join, train or score."""
 
 from __future__ import annotations
 
@@ -23,13 +19,7 @@ from .context import RankContext
 from .devices import check_backend
 from .files import WriteError, write_text_durably
 from .logs import rank_logger, shown_path
-from .process_group import (
-    LaunchError,
-    in_the_group,
-    init_process_group,
-    reduce_gradients_where_gloo_can,
-    restart_store,
-)
+from .process_group import LaunchError, in_the_group, init_process_group, reduce_gradients_where_gloo_can, restart_store
 from .processes import RankInfo
 from .recipes import in_the_recipe, recipe_check
 from .stopping import STOP_SIGNALS, SettingsRefused, StopRequested, exit_status, listen_for_stop_requests
@@ -39,12 +29,8 @@ REFUSAL_KEY = "refusal"  # in torchrun's store, of this start only (restart_stor
 
 
 def refusal(context: RankContext) -> str | None:
-    """Why these settings cannot train, found before the ranks meet: the recipe's check, best_metric, a bad checkpoint
-    path, a checkpoint that does not fit the model, another run's folder.
-
-    Rank 0 alone decides (the others wait for it in init_process_group and write nothing until then), so a big
-    checkpoint is read once, --overwrite deletes once, and every rank ends alike (told_by_rank_0).
-    """
+    """Why these settings cannot train, found before the ranks meet (the recipe's check, best_metric, a checkpoint, the
+    folder); rank 0 alone decides, so a big checkpoint is read once and --overwrite deletes once."""
     if not context.is_main:
         return None
     config, recipe = context.config, context.recipe
@@ -68,9 +54,8 @@ def refusal(context: RankContext) -> str | None:
 
 
 def told_by_rank_0(context: RankContext, reason: str | None) -> SettingsRefused | None:
-    """Rank 0's refusal, as every rank's under torchrun: the others read it from torchrun's store before they meet,
-    so each ends alike and torchrun reports no failure (train.py). Elsewhere rank 0's alone: the spawn launcher,
-    or srun, stops the others as it ends."""
+    """Rank 0's refusal, as every rank's under torchrun (read from its store), so torchrun reports no failure;
+    elsewhere rank 0's alone, and the spawn launcher or srun stops the others as it ends."""
     timeout = datetime.timedelta(seconds=context.config.timeout_s)
     store = restart_store(timeout) if context.started_by == "torchrun" else None
     if store is None:
@@ -84,23 +69,19 @@ def told_by_rank_0(context: RankContext, reason: str | None) -> SettingsRefused 
 
 def unresumable(context: RankContext) -> str | None:
     """Why this run cannot continue from the checkpoint it would resume: another seed, a batch changed mid-epoch, a
-    model that does not fit it (model.py or a shape setting changed). docs/checkpoints.md has what a resume changes.
-
-    Checked before anything is written, by building the model once more on rank 0, only when there is a
-    checkpoint to continue from; the random streams are left as they were.
-    """
+    model that does not fit it; rank 0 builds the model once more for it, the random streams left as they were."""
     config, output_dir = context.config, Path(context.config.output_dir)
     if config.resume == "none":
         return None
+    paths = [Path(config.resume)]
     if config.resume == "auto":
         paths = checkpoint.existing(output_dir, records.run_id_of(output_dir))
-    else:
-        paths = [Path(config.resume)]
+    saved = None
     for path in paths:  # the first that loads: the trainer reports damaged ones and sets them aside
         saved = checkpoint.what_it_resumes(path)
         if saved is not None:
             break
-    else:
+    if saved is None:
         return None
     new_run = "--resume none with a new --output-dir"
     trained = saved["config"]
@@ -138,7 +119,7 @@ def build_trainer(context: RankContext, split: str = "val") -> Trainer:
     train_set, val_set = recipe.datasets(config)
     if split == "test":
         val_set = recipe.test_dataset(config)
-    if has_no_samples(val_set):
+    if hasattr(val_set, "__len__") and len(val_set) == 0:  # an IterableDataset has no length to check
         raise LaunchError(
             f"the test set is empty: test_dataset() in {recipe.__file__} returned no samples; return the held-out "
             "test split from it"
@@ -170,15 +151,8 @@ def build_trainer(context: RankContext, split: str = "val") -> Trainer:
     return Trainer(context, wrapped, recipe.optimizer(model, config), train_data, val_data)
 
 
-def has_no_samples(dataset) -> bool:
-    try:
-        return len(dataset) == 0
-    except TypeError:  # an IterableDataset has no length: nothing to check before it runs
-        return False
-
-
 def score(context: RankContext, weights: dict, checkpoint_path: str, split: str) -> dict:
-    """The weights' validation sums and metrics on `split`. The trainer lives in here only: see in_the_group()."""
+    """The weights' metrics on `split`. The trainer lives in here only: see in_the_group()."""
     trainer = build_trainer(context, split)
     try:
         sharding.load_weights(trainer.model, weights)
@@ -191,10 +165,7 @@ def score(context: RankContext, weights: dict, checkpoint_path: str, split: str)
 
 
 def run_evaluation(config: Config, info: RankInfo, checkpoint_path: str, split: str, result_path: str) -> int:
-    """One rank of `python -m <package>.evaluate`: the checkpoint's weights scored on this rank's share of `split`.
-
-    Nothing is trained and nothing written but the result, which rank 0 writes as JSON.
-    """
+    """One rank of `python -m <package>.evaluate`: the weights scored on `split`; rank 0 writes the result as JSON."""
     check_backend(config)
     context = RankContext.create(config, info, logging.getLogger(f"{PACKAGE}.evaluate"))
     if split == "test" and not hasattr(context.recipe, "test_dataset"):

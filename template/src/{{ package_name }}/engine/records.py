@@ -1,4 +1,4 @@
-"""What a run leaves behind besides checkpoints: run.json (who, what, with which versions) and metrics.csv."""
+"""What a run leaves besides checkpoints, and what its rows decide: run.json, metrics.csv, best epoch, early stop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import math
 import platform
 import subprocess
-import uuid
 from pathlib import Path
 
 import torch
@@ -45,8 +44,7 @@ def git_commit() -> str | None:
 
 
 def write_run_record(output_dir: Path, run_id: str, world_size: int, restart: int, config: dict, step: int) -> None:
-    """run.json: the run's identity, versions and settings (this start's), and under "segments" each start of the
-    run with the step it began at and the settings it trained under (a resume may change some)."""
+    """run.json: the run's identity, versions and settings, and under "segments" every start of it and its step."""
     answers_file = PROJECT_ROOT / ".copier-answers.yml"
     try:
         earlier = json.loads((output_dir / RUN_RECORD).read_text(encoding="utf-8"))
@@ -78,56 +76,25 @@ def run_id_of(output_dir: Path) -> str | None:
 
 
 def what_it_is(config: Config) -> dict:
-    """Beside the weights in every checkpoint, best.pt and model.pt, as plain values: the settings, the recipe's
-    module and the versions. A script with the file alone rebuilds the model: recipe.model(Config(**config))."""
+    """What every checkpoint holds beside the weights, to rebuild the model alone: recipe.model(Config(**config))."""
     settings = {name: value for name, value in vars(config).items() if name != "environment"}
     return {"config": settings, "recipe": config.recipe, "versions": versions()}
-
-
-def starting_point(resume: str, output_dir: Path, warn) -> tuple[Path | None, dict | None, str]:
-    """Rank 0's choice: the checkpoint to continue from (None: from scratch), its state, and the run's identity.
-
-    auto continues the folder's own run from its newest good checkpoint (damaged ones are set aside);
-    a checkpoint path continues the run it belongs to; none, or an empty folder, starts a new run.
-    """
-    if resume not in ("auto", "none"):
-        state = checkpoint.load(Path(resume))
-        return Path(resume), state, state.get("run_id") or uuid.uuid4().hex[:8]
-    run_id = run_id_of(output_dir) if resume == "auto" else None
-    if run_id is None:
-        return None, None, uuid.uuid4().hex[:8]
-    found = checkpoint.load_newest_good(output_dir, run_id, warn)
-    return (*found, run_id) if found else (None, None, run_id)
 
 
 def metrics_text(rows: list[dict]) -> str:
     """metrics.csv holding `rows`: a header of every column they have, in the order they first appear."""
     if not rows:
         return ""
-    columns = list(dict.fromkeys(name for row in rows for name in row))
     text = io.StringIO()
+    columns = list(dict.fromkeys(name for row in rows for name in row))
     writer = csv.DictWriter(text, fieldnames=columns, lineterminator="\n", restval="")
     writer.writeheader()
     writer.writerows(rows)
     return text.getvalue()
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """The whole rows of a metrics.csv (a last line cut mid-way is left out); none when there is no file."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
-    return list(csv.DictReader(io.StringIO(text[: text.rfind("\n") + 1])))
-
-
 def write_metrics(path: Path, rows: list[dict], held: int) -> str | None:
-    """Write the run's rows as metrics.csv, whole and durably; a warning when the file had lost rows.
-
-    The rows are the trainer's, kept in every checkpoint, never read back from the file: a file deleted, cut or
-    edited while the run wrote it is rewritten whole. `held`: how many of `rows` the file should hold already; it
-    may hold more after a resume (epochs trained after the checkpoint, which are trained again).
-    """
+    """The trainer's rows as metrics.csv, whole; a warning where the file had lost some of the `held` rows."""
     try:
         before = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
@@ -144,14 +111,10 @@ def write_metrics(path: Path, rows: list[dict], held: int) -> str | None:
 
 
 def claim_output_dir(output_dir: Path, resume: str, overwrite: bool, resumed_run: str | None) -> str | None:
-    """Refuse to start a run in a folder another run wrote, unless told to replace it; return the refusal.
-
-    One folder holds one run, so a new run can never prune, overwrite or mix its rows into another's
-    files. The folder's own run continues with --resume auto or one of its checkpoints.
-    """
+    """The refusal to start in another run's folder, unless told to replace it: one folder holds one run."""
     owner = run_id_of(output_dir)
     traces = [name for name in (RUN_RECORD, METRICS, "model.pt", "best.pt") if (output_dir / name).exists()]
-    traces += ["checkpoints"] if checkpoint.any_checkpoint(output_dir) else []
+    traces += ["checkpoints"] if checkpoint.of_any_run(output_dir) else []
     continuing = owner is not None and (resume == "auto" or resumed_run == owner)
     if not traces or continuing:
         return None
@@ -172,8 +135,7 @@ def claim_output_dir(output_dir: Path, resume: str, overwrite: bool, resumed_run
 
 
 def start_lines(run_id: str, config: Config, ranks: int, trained: int, dataset: int) -> list[str]:
-    """The run's identity, how the global batch is made, what an epoch trains when the training set does not divide
-    into whole steps (`trained` of `dataset` samples), and where its files go: short lines."""
+    """The run's identity, how the global batch is made, what an epoch trains and where its files go."""
     micro = config.accumulate_steps
     batch = (
         f"run {run_id}: global batch {config.global_batch_size} = {ranks} rank{plural(ranks)} x "
@@ -208,11 +170,9 @@ def early_stop_reason(best: tuple | None, epoch: int, config: Config) -> str | N
 
 def epoch_row(epoch: int, step: int, trained: dict, seen: float, validated: dict, lr: float, grad_norms: list,
               seconds: float) -> dict:  # fmt: skip
-    """An epoch's metrics.csv row: training means, validation metrics, lr, grad_norm (the mean of the norms before
-    clipping), speed. Values keep every digit of their float64: `evaluate` on the saved weights gives the same."""
+    """An epoch's metrics.csv row in whole float64s, as `evaluate` gives them; grad_norm: before clipping."""
     row = {"epoch": epoch, "step": step}
-    for name, total in trained.items():
-        row[name] = float(total) / max(seen, 1)
+    row.update({name: float(total) / max(seen, 1) for name, total in trained.items()})
     row.update({f"val_{name}": float(value) for name, value in validated.items()})
     row["lr"] = lr
     if grad_norms:

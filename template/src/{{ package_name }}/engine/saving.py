@@ -1,24 +1,10 @@
-"""Step checkpoints as the trainer saves them and finds them again: one file that rank 0 writes (ddp), or a folder in
-which every rank writes its own shards (fsdp); checkpoint.py holds the file format, folders.py the folder's.
-
-A folder is written as a file is (files.py): into a temporary sibling, `<name>.tmp`, named only once whole.
-1. rank 0 clears a killed save's `<name>.tmp`; the ranks meet;
-2. every rank writes its shards of the model and the optimizer through torch.distributed.checkpoint
-   (`__<rank>_<n>.distcp`, each synced; rank 0 also `.metadata`), then sums its own files (size, CRC-32);
-   a rank's failure there, a full disk for one, reaches every rank, which each remove `<name>.tmp` and stop
-   with the one line of files.write_error;
-3. rank 0 writes trainer.pt, the rest of the state, as ddp's file without the model and optimizer tensors,
-   then the manifest of every file, syncs the folder, renames it and syncs its parent.
-Only tensors go through torch.distributed.checkpoint: it loads any other value with pickle (weights_only=False),
-and its load fills a state dict of the same structure, which the trainer's state before loading (the rows,
-the random streams of each rank) does not have. So everything else is in trainer.pt, read with
-weights_only=True, and each rank's random streams and epoch so far are gathered to rank 0 for it, as for ddp.
-"""
+"""Step checkpoints as the trainer saves and reloads them: rank 0's file (ddp), or a folder of every rank's shards."""
 
 from __future__ import annotations
 
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -27,20 +13,18 @@ import torch.distributed as dist
 from . import checkpoint, records
 from .files import write_error
 from .folders import TRAINER_STATE, file_sum, seal
-from .logs import shown_path
 
 
 def save_step(state: dict, config, sharded: bool, warn) -> None:
-    """The trainer's state (Trainer.state_dict()) as the step checkpoint of its run, in the run's format; the
-    run's older ones pruned to keep_checkpoints. Every rank calls it, and leaves once the checkpoint is named."""
-    started = time.perf_counter()
-    step, run_id, is_main = state["global_step"], state["run_id"], dist.get_rank() == 0
+    """The trainer's state as its run's step checkpoint, older ones pruned; every rank leaves once it is named."""
+    started, is_main = time.perf_counter(), dist.get_rank() == 0
+    path = checkpoint.directory(config.output_dir) / f"step-{state['global_step']:08d}-{state['run_id']}"
     if sharded:
-        save_shards(state, checkpoint.folder_for(config.output_dir, step, run_id))
+        save_shards(state, path)
     elif is_main:
-        checkpoint.save_atomic(state, checkpoint.path_for(config.output_dir, step, run_id))
+        checkpoint.save_atomic(state, path.with_suffix(".pt"))
     if is_main:
-        checkpoint.prune(config.output_dir, run_id, config.keep_checkpoints)
+        checkpoint.prune(config.output_dir, state["run_id"], config.keep_checkpoints)
         late = checkpoint.slow_save_warning(time.perf_counter() - started, config.timeout_s)
         if late:
             warn(late)
@@ -48,34 +32,28 @@ def save_step(state: dict, config, sharded: bool, warn) -> None:
 
 
 def save_weights(weights: dict, path: Path, config, **about) -> None:
-    """model.pt or best.pt (rank 0): the model's state dict whole (sharding.full_weights) with what it is, a plain
-    torch.save file under fsdp too, which evaluate and torch.load(path, weights_only=True) read."""
+    """model.pt or best.pt (rank 0): the whole state dict and what it is, a plain file under fsdp too."""
     checkpoint.save_atomic({"model": weights, **about, **records.what_it_is(config)}, path)
 
 
 def tensors_apart(state: dict) -> tuple[dict, dict]:
-    """(the model's and the optimizer's tensors, for torch.distributed.checkpoint; the rest, for trainer.pt)."""
-    optimizer = state["optimizer"]
-    tensors = {
-        name: {key: value for key, value in per.items() if isinstance(value, torch.Tensor)}
-        for name, per in optimizer["state"].items()
-    }
-    others = {
-        name: {key: value for key, value in per.items() if not isinstance(value, torch.Tensor)}
-        for name, per in optimizer["state"].items()
-    }
+    """(the tensors, for DCP; the rest, for trainer.pt): DCP loads other values with pickle, trainer.pt never."""
+    optimizer, tensors, others = state["optimizer"], {}, {}
+    for name, per in optimizer["state"].items():
+        tensors[name] = {key: value for key, value in per.items() if isinstance(value, torch.Tensor)}
+        others[name] = {key: value for key, value in per.items() if not isinstance(value, torch.Tensor)}
     rest = {name: value for name, value in state.items() if name not in ("model", "optimizer")}
     rest["optimizer"] = {"state": others, "param_groups": optimizer["param_groups"]}
     return {"model": state["model"], "optimizer": tensors}, rest
 
 
 def save_shards(state: dict, folder: Path) -> None:
-    """A folder checkpoint, each rank writing its own shards (see the module's docstring)."""
+    """A folder written as a file is, into `<name>.tmp`: every rank's shards summed, then rank 0 seals it."""
     import torch.distributed.checkpoint as dcp
 
     temporary, rank = folder.with_name(folder.name + ".tmp"), dist.get_rank()
     if rank == 0:
-        shutil.rmtree(temporary, ignore_errors=True)
+        shutil.rmtree(temporary, ignore_errors=True)  # a killed save's
     dist.barrier()  # no rank writes into the folder before it is empty
     tensors, rest = tensors_apart(state)
     try:  # DCP makes the folder, so a folder that refuses it fails here as a full disk does: on every rank
@@ -102,9 +80,7 @@ def save_shards(state: dict, folder: Path) -> None:
 
 
 def with_shards(state: dict, folder: Path, model, optimizer: torch.optim.Optimizer) -> dict:
-    """trainer.pt's state with this rank's shards of the model and optimizer read from the folder, resharded for
-    this run's ranks (any number, and under ddp whole); every rank calls it. Loaded in place: the model's
-    parameters and the optimizer's state hold the checkpoint's values when it returns."""
+    """trainer.pt's state with this rank's shards read from the folder, resharded for this run's ranks."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -119,13 +95,18 @@ def with_shards(state: dict, folder: Path, model, optimizer: torch.optim.Optimiz
     return {**state, "model": tensors["model"], "optimizer": {**saved, "state": per_parameter}}
 
 
-def starting_point(context, output_dir: Path, model, optimizer) -> tuple[Path | None, dict | None, str]:
-    """(the checkpoint this run continues from or None, the trainer's state from it, the run's identity): rank 0
-    decides the run and the checkpoint (setting damaged ones aside), and every rank loads what it picked."""
-    picked, state = [None, None], None
-    if context.is_main:
-        path, state, run_id = records.starting_point(context.config.resume, output_dir, context.log.warning)
-        picked = [str(path) if path else None, run_id]
+def starting_point(context, model, optimizer) -> tuple[Path | None, dict | None, str]:
+    """(checkpoint or None, its state, the run's identity), as rank 0 picks them: PATH's run, auto the folder's run
+    from its newest good checkpoint, else a new run."""
+    picked, state, resume, output_dir = [None, None], None, context.config.resume, Path(context.config.output_dir)
+    if context.is_main and resume not in ("auto", "none"):
+        state = checkpoint.load(Path(resume))
+        picked = [resume, state.get("run_id") or uuid.uuid4().hex[:8]]
+    elif context.is_main:
+        run_id = records.run_id_of(output_dir) if resume == "auto" else None
+        found = checkpoint.load_newest_good(output_dir, run_id, context.log.warning) if run_id is not None else None
+        path, state = found or (None, None)
+        picked = [str(path) if path else None, uuid.uuid4().hex[:8] if run_id is None else run_id]
     dist.broadcast_object_list(picked, src=0)
     if picked[0] is None:
         return None, None, picked[1]
@@ -134,9 +115,3 @@ def starting_point(context, output_dir: Path, model, optimizer) -> tuple[Path | 
     if checkpoint.is_folder(path):
         state = with_shards(state, path, model, optimizer)
     return path, state, picked[1]
-
-
-def shown(path: Path, output_dir: Path) -> str:
-    """A checkpoint as the log names it: in the run's own folder by its name alone."""
-    in_output = path.parent.resolve() == checkpoint.directory(output_dir).resolve()
-    return path.name if in_output else shown_path(path)

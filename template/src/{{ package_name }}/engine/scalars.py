@@ -6,8 +6,6 @@ import importlib.util
 import math
 from pathlib import Path
 
-FOLDER = "tensorboard"
-NOT_SCALARS = ("epoch", "step", "resumed")  # the x axis, and a marker that is no measurement
 _writers: dict[Path, object] = {}
 
 
@@ -19,18 +17,13 @@ def missing_package(enabled: bool) -> str | None:
 
 
 def write(output_dir: Path, row: dict) -> None:
-    """One metrics.csv row as scalars at the row's step, under <output_dir>/tensorboard; flushed, so a crash loses
-    nothing written. A resumed run appends a new event file to the folder, and TensorBoard joins them by step."""
-    writer = _writers.get(output_dir)
-    if writer is None:
+    """A row's measurements at its step, flushed; a resumed run adds an event file, joined by step."""
+    if output_dir not in _writers:
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when asked for
 
-        writer = _writers[output_dir] = SummaryWriter(log_dir=str(output_dir / FOLDER))
+        _writers[output_dir] = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+    writer = _writers[output_dir]
     for name, value in row.items():
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            continue
-        if name not in NOT_SCALARS and math.isfinite(number):
-            writer.add_scalar(name, number, int(row["step"]))
+        if name not in ("epoch", "step", "resumed") and math.isfinite(value):  # x axis, and a marker
+            writer.add_scalar(name, value, int(row["step"]))
     writer.flush()

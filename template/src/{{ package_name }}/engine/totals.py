@@ -11,13 +11,7 @@ from .process_group import reduction_device
 
 
 class Totals:
-    """What a recipe reports per batch, summed over batches in fp64, without a device sync per batch.
-
-    `means` are the batch's per-sample means (the loss, values a training_step logs): weighted by the batch's
-    samples. `sums` are sums already (metric(), validation_step's counts), of any shape. A batch costs one
-    append; the batches wait, detached, and are folded when asked (and every 1024 batches): one stack per name.
-    Every batch reports the same names.
-    """
+    """Per-batch `means` (weighted by samples) and `sums`, folded in fp64 when asked or every 1024: no sync a batch."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -38,25 +32,23 @@ class Totals:
             counts = torch.tensor([batch[0] for batch in self.waiting], dtype=torch.float64, device=self.device)
             for position, weighted in ((1, True), (2, False)):
                 for name in self.waiting[0][position]:
-                    values = stacked([batch[position][name] for batch in self.waiting], self.device)
-                    total = values @ counts if weighted else values.sum(0)
+                    # Tensors of one shape, or Python numbers; on the two devices of a split model, brought to one.
+                    values = [torch.as_tensor(batch[position][name]).to(self.device) for batch in self.waiting]
+                    values = torch.stack(values).double()
                     if weighted and name == "loss":
-                        self.note_nonfinite(values)
-                    self.folded[name] = self.folded.get(name, 0) + total
+                        bad = ~torch.isfinite(values)
+                        none = torch.tensor(torch.iinfo(torch.int64).max, device=values.device)
+                        first = torch.where(bad.any(), self.batches + bad.long().argmax(), none)
+                        earlier = self.first_nonfinite
+                        self.first_nonfinite = first if earlier is None else torch.minimum(earlier, first)
+                    self.folded[name] = self.folded.get(name, 0) + (values @ counts if weighted else values.sum(0))
             self.samples += counts.sum()
             self.batches += len(self.waiting)
             self.waiting = []
         return self.folded
 
-    def note_nonfinite(self, losses: torch.Tensor) -> None:
-        bad = ~torch.isfinite(losses)
-        none = torch.tensor(torch.iinfo(torch.int64).max, device=losses.device)
-        first = torch.where(bad.any(), self.batches + bad.long().argmax(), none)
-        self.first_nonfinite = first if self.first_nonfinite is None else torch.minimum(self.first_nonfinite, first)
-
     def state_dict(self) -> dict:
-        """The sums so far, folded, as CPU tensors: a checkpoint mid-epoch carries them, so the resumed epoch's row
-        is the uninterrupted one's (the same folds, in the same order)."""
+        """The sums so far as CPU tensors: a resumed epoch's row is then the uninterrupted one's, folded alike."""
         sums = {name: value.cpu() for name, value in self.fold().items()}
         return {"sums": sums, "samples": self.samples.cpu(), "batches": self.batches}
 
@@ -65,30 +57,15 @@ class Totals:
         self.samples, self.waiting = saved["samples"].to(self.device), []
         self.batches = saved.get("batches", 0)
 
-    def layout(self) -> list[tuple[str, tuple[int, ...]]]:
-        return [(name, tuple(value.shape)) for name, value in self.fold().items()]
-
-
-def stacked(values: list, device: torch.device) -> torch.Tensor:
-    """Reported values (tensors of one shape, or Python numbers) as one fp64 tensor on `device`."""
-    try:
-        together = torch.stack(values)  # the common case: tensors on one device
-    except (TypeError, RuntimeError):  # numbers, or tensors on the two devices of a split model
-        together = torch.stack([torch.as_tensor(value).to(device) for value in values])
-    return together.to(device, torch.float64)
-
 
 def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], float]]:
-    """Every rank's totals summed over all ranks in fp64, in one all-reduce: [({name: sum}, samples), ...].
-
-    The names and shapes come from every rank (a rank may have had no validation batch), so all ranks
-    pack the same vector; gloo cannot AVG reliably (nor bf16): sum fp64 here, divide later.
-    """
+    """[({name: sum}, samples), ...] over all ranks in one fp64 sum (gloo cannot AVG, nor bf16), names gathered first:
+    a rank may have had no validation batch."""
     layouts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(layouts, [part.layout() for part in totals])
+    shapes = [[(name, tuple(value.shape)) for name, value in part.fold().items()] for part in totals]
+    dist.all_gather_object(layouts, shapes)
     merged = [dict(kv for layout in layouts for kv in layout[index]) for index in range(len(totals))]
-    device = totals[0].device
-    pieces = []
+    device, pieces = totals[0].device, []
     for part, names in zip(totals, merged):
         for name, shape in names.items():
             value = part.folded.get(name)
@@ -100,9 +77,8 @@ def all_reduced(totals: list[Totals]) -> list[tuple[dict[str, torch.Tensor], flo
     for names in merged:
         sums = {}
         for name, shape in names.items():
-            size = math.prod(shape)
-            sums[name] = flat[start : start + size].reshape(shape).cpu()
-            start += size
+            sums[name] = flat[start : start + math.prod(shape)].reshape(shape).cpu()
+            start += math.prod(shape)
         results.append((sums, float(flat[start])))
         start += 1
     return results

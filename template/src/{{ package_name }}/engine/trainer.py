@@ -1,7 +1,4 @@
-"""The engine's Trainer: one rank's training of the objects a recipe built, read from fit() down, as in PyTorch's DDP
-tutorial (train -> _run_epoch -> _run_batch): epochs, steps (micro-batches, gradient accumulation, mixed precision,
-clipping), validation on all ranks, and the state exact resume needs as state_dict() / load_state_dict().
-"""
+"""The Trainer: one rank's training, read from fit() down to run_step(), and its state for exact resume."""
 
 from __future__ import annotations
 
@@ -51,8 +48,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16")
         self.autocast_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.epoch = self.step_in_epoch = self.global_step = 0
-        self.run_id, self.best = "", None  # best: (value, epoch) of best_metric so far
-        self.resumed = False
+        self.run_id, self.best, self.resumed = "", None, False  # best: (value, epoch) of best_metric so far
         # The recipe's optional functions; without them, (inputs, targets) batches with loss and metric.
         # A partial of module functions, not a bound method: no cycle keeps the trainer (and its group) alive.
         step = recipes.custom_step if hasattr(self.recipe, "training_step") else recipes.pair_step
@@ -61,9 +57,7 @@ class Trainer:
         self.parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         # The epoch so far (a checkpoint mid-epoch carries it): training sums, gradient norms before clipping
         # (max_grad_norm > 0), seconds; and every finished epoch's metrics.csv row, the same on every rank.
-        self.training = Totals(self.devices[-1])
-        self.grad_norms: list[torch.Tensor] = []
-        self.seconds = 0.0
+        self.training, self.grad_norms, self.seconds = Totals(self.devices[-1]), [], 0.0
         self.rows: list[dict] = []
         self.stop_vote = None  # (work, flag): the last mid-epoch stop check's all-reduce, still in flight
 
@@ -82,7 +76,7 @@ class Trainer:
             if warning := precision_warning(config):
                 self.log.warning(warning)
         progress = progress_bar(self.total_steps, self.schedule_position) if is_main and config.progress else None
-        try:
+        with progress if progress is not None else contextlib.nullcontext():  # the bar closed, however it ends
             for epoch in range(self.epoch, config.epochs):
                 stop = records.early_stop_reason(self.best, self.epoch, config)
                 if stop:
@@ -90,9 +84,6 @@ class Trainer:
                         self.log.info(stop)
                     break
                 self.run_epoch(epoch, progress)
-        finally:
-            if progress is not None:
-                progress.close()
         weights = sharding.full_weights(self.model)  # every rank: under fsdp it gathers
         if is_main:
             saving.save_weights(weights, self.output_dir / "model.pt", config, epoch=self.epoch)
@@ -136,7 +127,7 @@ class Trainer:
         improved = records.new_best(self.best, row, self.config)
         self.best = improved or self.best
         every = self.config.checkpoint_every
-        stop = self.stop_agreed()
+        stop = self.stop_voted(wait=True)
         early = records.early_stop_reason(self.best, self.epoch, self.config)
         if not every or self.global_step % every == 0 or stop or early:
             self.save()  # holds best (value, epoch) with this epoch's row counted
@@ -171,12 +162,13 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, totals: Totals) -> None:
-        """This rank's share of the validation set, every sample exactly once over all ranks, scored with the
-        weights and buffers rank 0 saves."""
+        """This rank's share of the validation set, scored with rank 0's buffers (BatchNorm's statistics), as saved."""
         module = self.model.module
-        self.take_rank_0_buffers(module)
+        for buffer in module.buffers():
+            sent = buffer.to(reduction_device(buffer.device))
+            dist.broadcast(sent, src=0)
+            buffer.copy_(sent)  # nothing to copy where the buffer is on that device already
         module.eval()  # no collectives from here: ranks may hold one sample more or less
-        step = self.loss_of
         with sharding.whole_for_validation(self.model):  # fsdp: gathered once, before the first batch
             for batch in batches_of(self.val_data):
                 with self.autocast():
@@ -184,19 +176,9 @@ class Trainer:
                         batch = recipes.on_devices(batch, self.devices)
                         totals.add(samples_in(batch), {}, self.validation_step(module, batch))
                     else:
-                        loss, logged, sums, samples = step(module, batch)
+                        loss, logged, sums, samples = self.loss_of(module, batch)
                         totals.add(samples, {"loss": loss, **logged}, sums)
         module.train()
-
-    @staticmethod
-    def take_rank_0_buffers(module) -> None:
-        """Rank 0's buffers (BatchNorm's running statistics) on every rank, as DDP would copy them at the next
-        training forward: after the last step each rank holds its own, updated by its own batches, while
-        checkpoints, best.pt and model.pt hold rank 0's. Training is unchanged; validation scores what is saved."""
-        for buffer in module.buffers():
-            sent = buffer.to(reduction_device(buffer.device))
-            dist.broadcast(sent, src=0)
-            buffer.copy_(sent)  # nothing to copy where the buffer is on that device already
 
     def evaluate(self) -> dict[str, float]:
         """The validation metrics of the model as it is, over all ranks (what each epoch's val_ columns hold)."""
@@ -206,8 +188,7 @@ class Trainer:
         return {"samples": samples, **validation_metrics(self.recipe, sums, samples)}
 
     def record_epoch(self, row: dict, progress, weights: dict | None) -> None:
-        """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy) and best.pt (`weights`:
-        the model's, where the epoch improved best_metric)."""
+        """Rank 0: the log line, the progress bar, metrics.csv (and TensorBoard's copy), and best.pt where `weights`."""
         self.log.info(epoch_line(row, self.config.epochs))
         show_epoch(progress, row, self.config.epochs)
         lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows) - 1)
@@ -220,10 +201,10 @@ class Trainer:
             saving.save_weights(weights, self.output_dir / "best.pt", self.config, **best)
 
     def state_dict(self) -> dict:
-        """All that exact resume needs, as a checkpoint holds it. A collective: every rank calls it, as each rank's
-        own random streams and epoch so far are gathered to all (rank 0 saves them)."""
+        """All that exact resume needs. A collective: each rank's random streams and epoch so far go to every rank."""
         ranks: list = [None] * self.context.world_size
-        dist.all_gather_object(ranks, (streams.state(self.devices), self.epoch_so_far()))
+        so_far = {"totals": self.training.state_dict(), "grad_norms": [norm.cpu() for norm in self.grad_norms]}
+        dist.all_gather_object(ranks, (streams.state(self.devices), {**so_far, "seconds": self.seconds}))
         return {
             "run_id": self.run_id,
             **sharding.training_state(self.model, self.optimizer),  # ddp: whole, on rank 0; fsdp: each rank's shards
@@ -250,7 +231,10 @@ class Trainer:
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state_dict()`'s contents, with the settings this run changed in effect from here on."""
         rank, world_size, log = self.context.rank, self.context.world_size, self.log
-        chosen = resuming.hyperparameters(self.optimizer)  # this run's, before the saved ones replace them
+        # This run's hyperparameters (lr, momentum, ...), before the saved ones replace them.
+        chosen = [
+            {key: value for key, value in group.items() if key != "params"} for group in self.optimizer.param_groups
+        ]
         sharding.load_weights(self.model, state["model"])
         sharding.load_optimizer_state(self.model, self.optimizer, state["optimizer"])
         resuming.restore_scaler(self.scaler, state["config"]["precision"], self.config.precision, state["scaler"], log)
@@ -267,20 +251,14 @@ class Trainer:
             log.warning(warning)
         resuming.apply_settings(self, state, chosen)
 
-    def epoch_so_far(self) -> dict:
-        """This rank's part of the unfinished epoch's row: its training sums, gradient norms and seconds."""
-        norms = [norm.cpu() for norm in self.grad_norms]
-        return {"totals": self.training.state_dict(), "grad_norms": norms, "seconds": self.seconds}
-
     @property
     def schedule_position(self) -> int:
-        """The schedule's steps that the samples trained so far make, in this run's batch: the global step, unless
-        a resume changed the batch (global_step counts the steps taken, and names the checkpoints)."""
+        """The schedule's steps that the samples trained so far make in this run's batch (global_step: steps taken)."""
         return self.epoch * self.steps_per_epoch + self.step_in_epoch
 
     def resume(self) -> None:
-        """Continue from the checkpoint rank 0 picks (saving.starting_point), if any, with its run's identity."""
-        path, state, self.run_id = saving.starting_point(self.context, self.output_dir, self.model, self.optimizer)
+        """Continue from the checkpoint rank 0 picks, if any, with its run's identity."""
+        path, state, self.run_id = saving.starting_point(self.context, self.model, self.optimizer)
         if path is None:
             return
         self.load_state_dict(state)
@@ -288,8 +266,13 @@ class Trainer:
             lost = records.write_metrics(self.output_dir / records.METRICS, self.rows, len(self.rows))
             if lost:
                 self.log.warning(lost)
-        where = resuming.where_it_continues(self.epoch, self.step_in_epoch, self.config.epochs, self.steps_per_epoch)
-        self.log.info(f"resumed from {saving.shown(path, self.output_dir)}: {where}")
+        epochs, where = self.config.epochs, f"continuing at epoch {self.epoch + 1}/{self.config.epochs}"
+        if self.epoch >= epochs:
+            where = f"all {epochs} epochs were already trained"
+        elif self.step_in_epoch:
+            where += f", step {self.step_in_epoch + 1}/{self.steps_per_epoch}"
+        in_output = path.parent.resolve() == checkpoint.directory(self.output_dir).resolve()
+        self.log.info(f"resumed from {path.name if in_output else shown_path(path)}: {where}")
 
     def save(self) -> None:
         """A step checkpoint, in the run's format: every rank takes part, and none runs ahead of it."""
@@ -303,35 +286,23 @@ class Trainer:
         self.stop_if_not_finite(so_far.item())
         self.save()
 
-    def stop_voted(self) -> int:
-        """The stop signal any rank had got by the previous check (0: none); this check's vote goes out.
-
-        The vote is an all-reduce left in flight until the next check, so no step waits for it; every rank
-        reads the same result at the same step, so all still stop together, at most two checks after the signal.
-        """
-        stop = self.settled_vote()
-        if not stop:
-            flag = torch.tensor([float(received())], device=reduction_device(self.devices[-1]))
-            self.stop_vote = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag
-        return stop
-
-    def settled_vote(self) -> int:
-        if self.stop_vote is None:
-            return 0
-        (work, flag), self.stop_vote = self.stop_vote, None
-        work.wait()
-        return int(flag.item())
-
-    def stop_agreed(self) -> int:
-        """The stop signal any rank got (0: none), agreed now: one tiny all-reduce, waited for (an epoch's end)."""
-        self.settled_vote()  # a signal it counted, received() still returns
+    def stop_voted(self, wait: bool = False) -> int:
+        """The stop signal any rank got (0: none): mid-epoch by the previous check, whose vote no step waited for; at an
+        epoch's end (`wait`) by now."""
+        if self.stop_vote is not None:
+            (work, flag), self.stop_vote = self.stop_vote, None
+            work.wait()
+            if int(flag.item()) and not wait:
+                return int(flag.item())
         flag = torch.tensor([float(received())], device=reduction_device(self.devices[-1]))
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=not wait)
+        if wait:
+            return int(flag.item())
+        self.stop_vote = work, flag
+        return 0
 
     def stop_if_not_finite(self, loss_sum: float) -> None:
-        """Given the loss summed over all ranks: a NaN or inf on any rank made it NaN or inf. Every rank calls this
-        with the same sum, so all of them find the step where it first appeared."""
+        """Given the loss summed over all ranks (NaN or inf if any rank's was), every rank finds where it first was."""
         if not self.config.stop_on_nonfinite_loss or math.isfinite(loss_sum):
             return
         first = self.training.first_nonfinite
