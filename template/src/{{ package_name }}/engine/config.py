@@ -96,18 +96,14 @@ class Config:
 
     @property
     def local_address(self) -> str:
-        """The address of this machine that routes to master_addr: what it tells the other nodes to call.
-
-        The operating system picks it for a UDP socket "connected" to master_addr, which sends nothing;
-        a VPN, a WSL/Docker adapter or a hostname mapped to 127.0.1.1 cannot mislead it. OSError: no route.
-        """
+        """This machine's address that routes to master_addr (OSError: none), as the OS picks it for a UDP socket
+        that sends nothing: a VPN, a WSL/Docker adapter or a hostname mapped to 127.0.1.1 cannot mislead it."""
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((self.master_addr, self.master_port))
             return probe.getsockname()[0]
 
     @property
-    def micro_batch(self) -> int:
-        """Samples each rank puts through the model at once."""
+    def micro_batch(self) -> int:  # samples each rank puts through the model at once
         return self.global_batch_size // (self.world_size * self.accumulate_steps)
 
     def problems(self) -> list[str]:
