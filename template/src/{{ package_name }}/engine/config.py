@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import PROJECT_ROOT, scalars
+from . import scalars
 
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/<package>/engine/ -> the folder with configs/
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "train.toml"
 
 

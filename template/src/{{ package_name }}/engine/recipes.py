@@ -60,11 +60,8 @@ def in_the_recipe(error: BaseException) -> str:
 
 
 def load_recipe(name: str):
-    """Import the recipe and check what the engine will call, before any rank meets another or trains.
-
-    LaunchError names the file and line: of the code that failed to import, or of a function the engine
-    cannot call with its arguments.
-    """
+    """Import the recipe and check what the engine will call, before any rank meets another or trains; LaunchError
+    names the file and line of the code that failed to import, or of a function the engine cannot call so."""
     try:
         recipe = importlib.import_module(name)
     except ModuleNotFoundError as error:
