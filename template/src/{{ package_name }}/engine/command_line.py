@@ -94,11 +94,8 @@ def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentP
         if setting_field.type == "bool":
             options["action"] = argparse.BooleanOptionalAction
         else:
-            options["type"] = _FLAG_TYPES[setting_field.type]
-            options["metavar"] = setting_field.type.upper()
-            if meta["choices"]:
-                options["choices"] = meta["choices"]
-                options["metavar"] = "{" + ",".join(meta["choices"]) + "}"
+            metavar = "{" + ",".join(meta["choices"]) + "}" if meta["choices"] else setting_field.type.upper()
+            options.update(type=_FLAG_TYPES[setting_field.type], choices=meta["choices"] or None, metavar=metavar)
         parser.add_argument(*flags, **options)
     recipe = parser.add_argument_group(
         "recipe settings", "[recipe] in the config file; each flag is short for --set NAME=VALUE (VALUE in TOML)"
@@ -157,12 +154,12 @@ def merged_settings(config: Config, sources: dict[str, str]) -> str:
     }
     lines = []
     for table, values in tables.items():
-        lines += ["" if lines else None, f"[{table}]"]
+        lines += [f"\n[{table}]" if lines else f"[{table}]"]
         for name, value in values.items():
             source = sources.get(f"[recipe] {name}" if table == "recipe" else name, "")
             where = source if source.startswith("-") else shown_path(source)  # a flag, or a file
             lines.append(f"{f'{name} = {json.dumps(value)}':<40}  # {where}")
-    return "\n".join(line for line in lines if line is not None)
+    return "\n".join(lines)
 
 
 def with_flags(config: Config, args: dict, parser: argparse.ArgumentParser) -> Config:

@@ -164,9 +164,7 @@ def native_bf16(cpuinfo: str | None = None) -> bool | None:
             return None
     lines = [line for line in cpuinfo.splitlines() if line.startswith("flags")]
     flags = {flag for line in lines for flag in line.partition(":")[2].split()}
-    if not flags:  # another architecture's /proc/cpuinfo, without x86 flags
-        return None
-    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+    return bool(flags & set(NATIVE_BF16_FLAGS)) if flags else None  # no flags: another architecture
 
 
 def precision_warning(config: Config) -> str | None:

@@ -115,7 +115,7 @@ def recipe_check(recipe, config: Config) -> str | None:
 
 
 def lr_schedule(recipe, optimizer: torch.optim.Optimizer, config: Config, total_steps: int):
-    """The recipe's schedule(), an optional hook: without it the learning rate stays constant."""
+    """The recipe's schedule(), or a constant learning rate."""
     if hasattr(recipe, "schedule"):
         return recipe.schedule(optimizer, config, total_steps)
     return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
