@@ -106,17 +106,14 @@ def plural(count: int, ending: str = "s") -> str:
     return "" if count == 1 else ending
 
 
-def wrapped(message: str, stream=None, width: int | None = None, indent: str = "  ") -> str:
+def wrapped(message: str, stream=None, indent: str = "  ") -> str:
     """A long message broken at spaces to the console's width, continuation lines indented; unchanged when
     the stream (stderr by default) is not a terminal: a log file or a pipe keeps one line per message."""
-    if width is None:
-        if not (stream or sys.stderr).isatty():
-            return message
-        width = shutil.get_terminal_size((COLUMNS, 24)).columns
-    return "\n".join(
-        textwrap.fill(line, width=max(width, 40), subsequent_indent=indent, break_on_hyphens=False)
-        for line in message.splitlines()
-    )
+    if not (stream or sys.stderr).isatty():
+        return message
+    width = max(shutil.get_terminal_size((COLUMNS, 24)).columns, 40)
+    fill = textwrap.TextWrapper(width, subsequent_indent=indent, break_on_hyphens=False).fill
+    return "\n".join(fill(line) for line in message.splitlines())
 
 
 # The bar's own fields first: the postfix (epoch, loss) comes last and the bar itself shrinks to fit.

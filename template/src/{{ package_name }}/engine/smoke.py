@@ -21,6 +21,7 @@ from .ownership import temporary_files_in
 
 STEPS_PER_EPOCH = 10  # two epochs: 20 steps, a checkpoint after the first 10
 SLOWER_THAN_BARE = 0.1  # the engine below a tenth of a bare loop's samples/s fails (10-step epochs are noisy)
+# One node, two epochs, a checkpoint after each; a fresh run that neither restarts nor draws a bar.
 SHORT_RUN = dict(nnodes=1, node_rank=0, master_addr="127.0.0.1", epochs=2, checkpoint_every=0, keep_checkpoints=2)
 QUIET_RUN = dict(resume="none", overwrite=False, progress=False, max_restarts=0)
 
@@ -62,35 +63,6 @@ def smoke_config(config: Config, output_dir: Path) -> Config:
     )
 
 
-class Captured:
-    """The ranks' and the launcher's output, in a file while a phase runs (fd level: the ranks write to it too)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.read = path, 0
-
-    def __enter__(self) -> Captured:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.saved = [os.dup(1), os.dup(2)]
-        with open(self.path, "ab") as target:
-            os.dup2(target.fileno(), 1)
-            os.dup2(target.fileno(), 2)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, saved in zip((1, 2), self.saved):
-            os.dup2(saved, fd)
-            os.close(saved)
-
-    def errors(self) -> str:
-        """The "error: ..." lines written since the last call."""
-        text = self.path.read_text(encoding="utf-8", errors="replace")
-        new, self.read = text[self.read :], len(text)
-        return " ".join(line[len("error: ") :] for line in new.splitlines() if line.startswith("error: "))
-
-
 def probing(config: Config, info) -> int:
     """What every rank of the probe runs: probe.py, imported in the rank (it imports torch, the doctor does not)."""
     from .probe import probe_rank
@@ -98,10 +70,26 @@ def probing(config: Config, info) -> int:
     return probe_rank(config, info)
 
 
-def run_phase(config: Config, output: Captured, rank_main=training) -> tuple[int, str]:
-    with output:
+def run_phase(config: Config, log: Path, rank_main=training) -> tuple[int, str]:
+    """Spawn the ranks with this process's output and theirs in `log` (fd level); (status, its "error: ..." lines)."""
+    start = log.stat().st_size if log.exists() else 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(log, "ab") as target:
+        os.dup2(target.fileno(), 1)
+        os.dup2(target.fileno(), 2)
+    try:
         status = spawn(config, rank_main)
-    return status, output.errors() or f"the ranks exited with status {status}"
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+    said = log.read_bytes()[start:].decode("utf-8", errors="replace").splitlines()
+    errors = " ".join(line[len("error: ") :] for line in said if line.startswith("error: "))
+    return status, errors or f"the ranks exited with status {status}"
 
 
 def probe_steps(config: Config, status: int, error: str, ranks: list[dict]) -> list[Step]:
@@ -246,7 +234,7 @@ def run_steps(config: Config, folder: Path) -> list[Step]:
         f"smoke check: {smoke.world_size} rank(s) on {smoke.device} ({smoke.backend}, precision {smoke.precision}, "
         f"{smoke.parallelism}), recipe {smoke.recipe}"
     )
-    output = Captured(folder / "output.log")
+    output = folder / "output.log"
     probed = run_phase(smoke, output, probing)
     ranks = [json.loads(path.read_text(encoding="utf-8")) for path in (folder / "probe-run").glob("rank*.json")]
     ranks.sort(key=lambda found: found["rank"])
