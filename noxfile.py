@@ -51,16 +51,21 @@ TORCH_ENV = [
     "tensorboard",  # the generated project's tensorboard = true test
 ]
 
-# The generated project's long scenarios (pytest -m slow) run once per CI run, on the answer set
-# where they matter most; every other set runs its fast tier plus what depends on its answers.
+# What the answers change in a generated project: its scripts, settings, devices, environment and smoke check (which
+# runs the project's own settings), each with a test module of its own, every doctor test, and the tests marked
+# `answers`.
+# Every other fast test starts the same engine with the flags it names (device, backend, precision, parallelism:
+# train_command in the generated tests/conftest.py), so it runs alike in every render.
+ANSWERED = "answers or doctor or test_cli or test_launchers or test_devices or test_environment or test_smoke"
+# The generated project's long scenarios (pytest -m slow) run once per CI run, on the answer set where they matter
+# most; the fast tier runs whole there too, and every other set runs what its answers change.
+FAST_TIER = ["-m", "not slow"]
 TIERS = {
-    "windows-cpu-default": "not torchrun",  # both tiers on the spawn path, the one Windows uses
-    "linux-torchrun": "not slow or torchrun",  # the fast tier plus every torchrun scenario
-    # What fsdp changes: the fsdp tests' fast tier and the checks of the generated settings; the rest of its
-    # fast tier is the same code as the other sets', with ddp's settings (the runs name their parallelism).
-    "linux-fsdp-cpu": "not slow and (fsdp or answers)",
+    "windows-cpu-default": ["-m", "not torchrun"],  # both tiers on the spawn path, the one Windows uses
+    "linux-torchrun": ["-m", "not slow or torchrun", "-k", f"torchrun or {ANSWERED}"],  # + every torchrun scenario
+    "linux-fsdp-cpu": [*FAST_TIER, "-k", f"fsdp or {ANSWERED}"],  # + fsdp's fast tests (its equality with ddp)
 }
-FAST_TIER = "not slow"
+ANSWERS_ONLY = [*FAST_TIER, "-k", ANSWERED]  # every other set
 # Tests of one answer that set it with their own flags run alike in every render: the set that runs both tiers
 # leaves each to the set generated with that answer, whose fast tier runs it (`slow_unless` in the generated
 # tests/conftest.py marks it `answers` there).
@@ -81,7 +86,7 @@ LEFT_TO_ITS_ANSWER_SET = {
 EDITED_ANSWER_SET = "windows-cpu-default"
 # pytest workers on 2 cores: the rendered suites wait on process starts, timeouts and kills as much as they
 # compute; a fast tier alone waits more than it computes, so it takes a third.
-WORKERS = {FAST_TIER: "3"}  # and 2 for a tier with long scenarios
+FAST_WORKERS, SLOW_WORKERS = "3", "2"
 GROUPS = ["--dist", "loadgroup"]  # loadgroup: tests marked xdist_group share their fixture's run
 
 # docs is not in the default run: tests/test_site.py builds the site (strict) and tests the HTML.
@@ -205,8 +210,8 @@ def render_and_test(session: nox.Session, answer_set: str) -> None:
     env.run("-m", "ruff", "check", "--no-respect-gitignore", ".")
     env.run("-m", "ruff", "format", "--no-respect-gitignore", "--check", ".")
     install_project(env, project)
-    tier = TIERS.get(answer_set, FAST_TIER)
-    workers = ["-n", WORKERS.get(tier, "2"), *GROUPS]
+    tier = TIERS.get(answer_set, ANSWERS_ONLY)
+    workers = ["-n", FAST_WORKERS if tier[:2] == FAST_TIER else SLOW_WORKERS, *GROUPS]
     left_to_others = []
     for test, runner in LEFT_TO_ITS_ANSWER_SET.get(answer_set, {}).items():
         module, name = test.split("::")
@@ -214,7 +219,7 @@ def render_and_test(session: nox.Session, answer_set: str) -> None:
         if f"def {name}(" not in (project / module).read_text(encoding="utf-8"):  # pytest ignores an unknown one
             session.error(f"LEFT_TO_ITS_ANSWER_SET leaves {test} to {runner}, but {answer_set} has no such test")
         left_to_others += ["--deselect", test]
-    env.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", tier, *workers, *left_to_others, *session.posargs)
+    env.run("-m", "pytest", "-q", "-p", "no:cacheprovider", *tier, *workers, *left_to_others, *session.posargs)
 
 
 @nox.session

@@ -65,7 +65,10 @@ def test_setup_env_sh_makes_a_venv_from_requirements_and_train_sh_trains_in_it(t
         "pypi_url": f"{local_mirror.url}/simple",
         "torch_url": f"{local_mirror.url}/whl",
     })  # fmt: skip
-    env = {name: value for name, value in os.environ.items() if not name.startswith(("PIP_", "VIRTUAL_ENV", "CONDA"))}
+    # A user's machine: no PYTHONDONTWRITEBYTECODE (set on CI machines), so each module imported is compiled once,
+    # not in every process; pip compiles nothing at install (PIP_NO_COMPILE), the first imports do.
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(("PIP_", "VIRTUAL_ENV", "CONDA", "PYTHONDONTWRITEBYTECODE"))}  # fmt: skip
     env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_CACHE_DIR=str(tmp_path / "cache"),
                PIP_NO_COMPILE="1", PATH=without_conda_path(), GIT_CONFIG_GLOBAL=os.devnull,
                GIT_CONFIG_NOSYSTEM="1")  # fmt: skip

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from typing import TYPE_CHECKING
 
 from . import PACKAGE
 from .config import Config
 from .process_group import LaunchError
-from .processes import bound_by_slurm
+from .processes import WINDOWS, bound_by_slurm
 
 if TYPE_CHECKING:
     import torch
@@ -27,17 +26,13 @@ def gpus_needed(config: Config) -> int:
 
 
 def gpus_each_process_needs(config: Config, environ: dict | os._Environ = os.environ) -> int:
-    """Visible GPUs this process needs: its own under a Slurm binding, else those of every rank on the node
-    (the spawn path and torchrun give all ranks the same view)."""
+    """Visible GPUs this process needs: its own under a Slurm binding, else every rank's on the node."""
     return gpus_per_rank(config) if bound_by_slurm(environ) else gpus_needed(config)
 
 
 def fit_to(config: Config, gpus: int) -> dict:
-    """The settings that make this config train on `gpus` visible GPUs and still pass Config.problems().
-
-    Fewer processes when the GPUs allow (2 per process for the split model), else plain DDP on the one GPU,
-    else the CPU; and a global batch that divides over the new processes.
-    """
+    """The settings that train this config on `gpus` visible GPUs: fewer processes, else plain DDP on the one GPU,
+    else the CPU; and a global batch that divides over the new processes."""
     per_rank = gpus_per_rank(config)
     if gpus >= per_rank:
         changes: dict = {"nproc_per_node": gpus // per_rank}
@@ -59,11 +54,7 @@ def as_flags(changes: dict) -> str:
 
 def bf16_problem(gpus: dict[int, tuple[str, tuple[int, int]]], parallelism: str = "ddp") -> str | None:
     """Why bf16 cannot run well on these GPUs ({index: (name, compute capability)}), with the fix; None if it can.
-
-    Volta and Turing (7.x) emulate bf16 slowly; Pascal (6.x) can fail in cuBLAS
-    (CUBLAS_STATUS_NOT_SUPPORTED ... CUDA_R_16BF). fp16 with a GradScaler runs on all of them, except under fsdp,
-    which refuses fp16 (config.py says why): there the fix is full precision.
-    """
+    7.x emulates it slowly, 6.x can fail in cuBLAS; fp16 runs on all of them, but fsdp refuses it (config.py)."""
     old = [f"GPU {index} ({name}) is {cap[0]}.{cap[1]}" for index, (name, cap) in gpus.items() if cap < BF16_FLOOR]
     if not old:
         return None
@@ -89,17 +80,15 @@ def visible_gpus() -> dict[int, tuple[str, tuple[int, int]]]:
     }
 
 
-def backend_problems(config: Config, platform: str = sys.platform) -> list[str]:
-    """Why this machine's torch cannot run the configured backend and devices, each with its fix.
-
-    The one copy of these rules: training refuses to start on them, the doctor reports them.
-    """
+def backend_problems(config: Config) -> list[str]:
+    """Why this machine's torch cannot run the configured backend and devices, each with its fix: training refuses
+    to start on them, the doctor reports them."""
     import torch
     import torch.distributed as dist
 
     train = f"python -m {PACKAGE}.train"
     found = []
-    if config.backend == "nccl" and platform == "win32":
+    if config.backend == "nccl" and WINDOWS:
         found.append(
             "backend=nccl is not available on Windows (PyTorch never builds NCCL there); "
             'use --backend gloo or set backend = "gloo" in configs/train.toml'
@@ -109,7 +98,7 @@ def backend_problems(config: Config, platform: str = sys.platform) -> list[str]:
     if config.backend == "gloo" and not dist.is_gloo_available():
         found.append("backend gloo is not in this torch build; fix: reinstall torch from environment.yml")
     installed = torch.__version__.split("+")[0]
-    if platform == "win32" and installed.startswith(("2.8.", "2.9.")):
+    if WINDOWS and installed.startswith(("2.8.", "2.9.")):
         found.append(
             f"torch {installed} on Windows cannot start gloo (makeDeviceForHostname(): unsupported gloo device); "
             "fix: pin torch 2.7.1 or >= 2.10 in environment.yml and run scripts\\setup_env.bat"
@@ -143,12 +132,8 @@ def check_backend(config: Config) -> None:
 
 
 def device_indices(local_rank: int, visible: int, per_rank: int) -> tuple[int, ...]:
-    """The CUDA indices of this rank's device(s) among the `visible` GPUs, under any GPU binding.
-
-    All of the node's GPUs visible to every rank (spawn, torchrun, plain srun): rank r takes GPU r (r*2 and
-    r*2+1 for the split model). Slurm's --gpus-per-task or --gpu-bind=single:1 leave each task only its
-    own, so LOCAL_RANK would point past them: the rank takes its slot modulo what it sees (its own GPU 0).
-    """
+    """The CUDA indices of this rank's device(s) among the `visible` GPUs: rank r takes GPU r (r*2 and r*2+1 for the
+    split model), modulo what it sees, as Slurm's --gpus-per-task or --gpu-bind=single:1 leave each task its own."""
     slots = visible // per_rank
     if slots < 1:
         raise LaunchError(f"this rank sees {visible} GPU(s) and needs {per_rank}; check CUDA_VISIBLE_DEVICES")

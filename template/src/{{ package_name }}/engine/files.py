@@ -11,10 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-# Seconds between attempts; about 2 s in all before giving up.
-RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.5, 0.75)
-# ERROR_ACCESS_DENIED and ERROR_SHARING_VIOLATION: what a scanner or sync client holding a file causes.
-TRANSIENT_WINERRORS = (5, 32)
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.5, 0.75)  # seconds between attempts: about 2 s in all
 
 
 class WriteError(OSError):
@@ -47,11 +44,17 @@ def write_durably(path: Path, write: Callable[[BinaryIO], None]) -> None:
 
 def write_error(error: BaseException, path: Path) -> WriteError | None:
     """`error`, met while writing `path` (a file, or a folder of them), as the WriteError that names its fix; None
-    when it is not the disk's or the operating system's refusal. Call it before the partial write is removed."""
-    refused = isinstance(error, OSError) and cannot_write(error)
-    if refused:  # first: a refusal on a disk that is also nearly full is still a refusal
-        kind = WriteDenied if isinstance(error, PermissionError) else WriteError
-        return kind(f"{refused} while writing {path}: {refused_fix(error, path)}")
+    when neither the disk nor the operating system refused. Call it before the partial write is removed."""
+    then = "then resume (--resume auto). Earlier checkpoints are intact."
+    if isinstance(error, OSError) and not is_transient_lock(error):
+        too_long = getattr(error, "winerror", None) == 206 or error.errno == errno.ENAMETOOLONG  # 206: on Windows
+        refused = REFUSALS[errno.ENAMETOOLONG] if too_long else REFUSALS.get(error.errno)
+        if refused:  # first: a refusal on a disk that is also nearly full is still a refusal
+            kind = WriteDenied if isinstance(error, PermissionError) else WriteError
+            shorter = "set output_dir to a shorter path (such as C:\\runs on Windows)"
+            writable = f"make {path.parent} writable (on Linux also: lsattr, chattr -i), or set output_dir to a folder"
+            fix = shorter if too_long else f"{writable} you can write"
+            return kind(f"{refused} while writing {path}: {fix}, {then}")
     if isinstance(error, Exception) and disk_full(error, path.parent):
         # torch.save reports a full disk as "inline_container.cc:... unexpected pos": say what it is.
         return WriteError(
@@ -61,25 +64,9 @@ def write_error(error: BaseException, path: Path) -> WriteError | None:
     return None
 
 
-# What the operating system refused a write for, and its number (errno; winerror 206: a path too long on Windows).
+# What the operating system refused a write for, by errno.
 REFUSALS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
             errno.EROFS: "the file system is read-only", errno.ENAMETOOLONG: "the path is too long"}  # fmt: skip
-
-
-def cannot_write(error: OSError) -> str | None:
-    if getattr(error, "winerror", None) == 206:
-        return REFUSALS[errno.ENAMETOOLONG]
-    return None if is_transient_lock(error) else REFUSALS.get(error.errno)
-
-
-def refused_fix(error: OSError, path: Path) -> str:
-    then = "then resume (--resume auto). Earlier checkpoints are intact."
-    if cannot_write(error) == REFUSALS[errno.ENAMETOOLONG]:
-        return f"set output_dir to a shorter path (such as C:\\runs on Windows), {then}"
-    return (
-        f"make {path.parent} writable (on Linux also: lsattr, chattr -i), or set output_dir to a folder you can "
-        f"write, {then}"
-    )
 
 
 def disk_full(error: Exception, folder: Path) -> bool:
@@ -97,7 +84,8 @@ def write_text_durably(path: Path, text: str) -> None:
 
 
 def is_transient_lock(error: OSError) -> bool:
-    return isinstance(error, PermissionError) and getattr(error, "winerror", None) in TRANSIENT_WINERRORS
+    """ERROR_ACCESS_DENIED or ERROR_SHARING_VIOLATION: what a scanner or sync client holding a file causes."""
+    return isinstance(error, PermissionError) and getattr(error, "winerror", None) in (5, 32)
 
 
 def replace(source: Path, target: Path) -> None:

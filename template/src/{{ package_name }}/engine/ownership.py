@@ -28,44 +28,30 @@ class InUse(RuntimeError):
     """Another live process holds the lock; the message says which and what to do."""
 
 
-def _lock(handle) -> bool:
-    """Take the exclusive lock without waiting; False when another process holds it."""
-    try:
-        if WINDOWS:
-            import msvcrt
-
-            handle.seek(_WINDOWS_LOCKED_BYTE)
-            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
-            handle.seek(0)
-        else:
-            import fcntl
-
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK, errno.EDEADLK):
-            return False
-        raise
-    return True
-
-
 def _open_locked(path: Path):
-    """The file at `path`, open and locked by this process, or None when another process holds it.
-
-    POSIX: a holder deletes its lock file when it ends well; a process that opened the file just before
-    that deletion would lock a file no longer in the folder, so the lock counts only while the name
-    still points at the locked file.
-    """
+    """The file at `path`, open and locked by this process, or None when another process holds it. On POSIX the lock
+    counts only while the name still points at the locked file: a holder that ends well deletes it."""
     for _ in range(50):
-        handle = open(path, "a+b")  # noqa: SIM115 - held for the whole run, closed by release()
-        if not _lock(handle):
-            handle.close()
-            return None
+        handle = open(path, "a+b")  # noqa: SIM115 - held for the whole run
         try:
-            same = WINDOWS or os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
-        except FileNotFoundError:
-            same = False
-        if same:
-            return handle
+            if WINDOWS:
+                import msvcrt
+
+                handle.seek(_WINDOWS_LOCKED_BYTE)
+                msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+                handle.seek(0)
+            else:
+                import fcntl
+
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            handle.close()
+            if error.errno in (errno.EACCES, errno.EAGAIN, errno.EWOULDBLOCK, errno.EDEADLK):
+                return None
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            if WINDOWS or os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+                return handle
         handle.close()
     raise OSError(f"{path} kept being replaced while it was being locked")
 
@@ -85,80 +71,56 @@ def _read_note(path: Path) -> dict:
         return {}
 
 
-def _release(handle, path: Path) -> None:
-    """Delete the lock file while still holding it (POSIX), or right after closing it (Windows)."""
-    if not WINDOWS:
-        with contextlib.suppress(OSError):
-            path.unlink()
-    handle.close()
-    if WINDOWS:  # fails while another launch has it open: then that launch owns it now
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-
 def lock_file(output_dir: Path, node: int) -> Path:
     return Path(output_dir) / f".node{node}.lock"
 
 
-def _make_folder(output_dir: Path) -> None:
-    """Create output_dir, or say in one line why it cannot be the run's folder."""
+@contextlib.contextmanager
+def hold_output_dir(output_dir: Path, node: int = 0) -> Iterator[None]:
+    """Hold output_dir for this run's node (.node<N>.lock: a job's nodes never refuse each other) until the block
+    ends; InUse when another live run holds it. A folder this created and the run left empty is removed again."""
+    output_dir, fix = Path(output_dir), "choose a folder you can write to with --output-dir"
+    created = not output_dir.exists()
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         blocker = next((p for p in (output_dir, *output_dir.parents) if p.exists() and not p.is_dir()), output_dir)
-        raise InUse(
-            f"output_dir {output_dir} cannot be a folder: {blocker} is a file; choose another --output-dir"
-        ) from None
+        message = f"output_dir {output_dir} cannot be a folder: {blocker} is a file; choose another --output-dir"
+        raise InUse(message) from None
     except OSError as error:
-        raise InUse(
-            f"output_dir {output_dir} cannot be created ({error.strerror or error}); "
-            "choose a folder you can write to with --output-dir"
-        ) from None
-
-
-@contextlib.contextmanager
-def hold_output_dir(output_dir: Path, node: int = 0) -> Iterator[None]:
-    """Hold output_dir for this run's node until the block ends; InUse when another live run holds it.
-
-    One lock per node (.node<N>.lock): the nodes of one job never refuse each other, while a second job's node 0
-    meets the first job's lock. A folder this created and the run left empty (a refused start) is removed again.
-    """
-    output_dir = Path(output_dir)
-    created = not output_dir.exists()
-    _make_folder(output_dir)
+        raise InUse(f"output_dir {output_dir} cannot be created ({error.strerror or error}); {fix}") from None
     path = lock_file(output_dir, node)
     try:
         handle = _open_locked(path)
     except OSError as error:
-        if isinstance(error, PermissionError) or error.errno in (errno.EROFS, errno.EACCES):
-            raise InUse(
-                f"output_dir {output_dir} is not writable ({error.strerror or error}); "
-                "choose a folder you can write to with --output-dir"
-            ) from None
-        raise
+        if not isinstance(error, PermissionError) and error.errno not in (errno.EROFS, errno.EACCES):
+            raise
+        raise InUse(f"output_dir {output_dir} is not writable ({error.strerror or error}); {fix}") from None
     if handle is None:
-        note = _read_note(path)
         for _ in range(50):  # the holder writes its note right after it takes the lock
+            note = _read_note(path)
             if note:
                 break
             time.sleep(0.02)
-            note = _read_note(path)
-        raise InUse(describe_holder(output_dir, note))
+        run = f"run {note['run']}" if note.get("run") else "a run that is starting"
+        where = f"pid {note.get('pid', '?')} on {note.get('host', '?')}, started {note.get('started', '?')}"
+        raise InUse(f"output_dir {output_dir} is in use by {run} ({where}); wait for it, or use another --output-dir")
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z").strip()
     _note(handle, {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "run": None})
     try:
         yield
     finally:
-        _release(handle, path)
-        if created:
+        # The lock file goes while it is held (POSIX), or once closed (Windows: not while another launch has it open,
+        # which then owns it).
+        if not WINDOWS:
             with contextlib.suppress(OSError):
+                path.unlink()
+        handle.close()
+        with contextlib.suppress(OSError):
+            if WINDOWS:
+                path.unlink()
+            if created:
                 output_dir.rmdir()  # only when empty: nothing of a run is ever deleted here
-
-
-def describe_holder(output_dir: Path, note: dict) -> str:
-    run = f"run {note['run']}" if note.get("run") else "a run that is starting"
-    where = f"pid {note.get('pid', '?')} on {note.get('host', '?')}, started {note.get('started', '?')}"
-    return f"output_dir {output_dir} is in use by {run} ({where}); wait for it, or use another --output-dir"
 
 
 def name_the_run(output_dir: Path, run_id: str) -> None:
@@ -206,46 +168,34 @@ def temporary_files_in(folder: Path) -> Iterator[None]:
 
 @contextlib.contextmanager
 def private_temporary_folder() -> Iterator[Path]:
-    """Point this process and its children (TMPDIR, TEMP, TMP) at a new ddp-run-* folder; delete it after.
-
-    multiprocessing's pymp-* folders, the ranks' store folders and torch's temporary files all go there; a folder
-    left by a killed launch is deleted by the next launch on this machine, as its lock is free.
-    """
+    """Point this process and its children (TMPDIR, TEMP, TMP) at a new ddp-run-* folder, deleted after, or by the
+    next launch here when this one is killed: multiprocessing's, the ranks' and torch's temporary files go there."""
     parent = Path(tempfile.gettempdir())
     sweep_temporary_folders(parent)
     folder = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=parent))
-    handle = None
     for _ in range(100):  # a sweeping launch may hold the new lock for a moment
         handle = _open_locked(folder / ".lock")
         if handle is not None:
+            _note(handle, {"pid": os.getpid()})
             break
         time.sleep(0.01)
-    if handle is not None:
-        _note(handle, {"pid": os.getpid()})
-    saved_default = tempfile.tempdir
-    tempfile.tempdir = str(folder)
+    mp_config = multiprocessing.current_process()._config
+    saved = tempfile.tempdir, mp_config.get("tempdir")
     # multiprocessing's own folder for this process (its sockets and temporary files) is this one, not a pymp-* inside
     # it: a pymp-* folder is deleted at the interpreter's exit, which would fail once this one is gone.
-    mp_config = multiprocessing.current_process()._config
-    saved_mp = mp_config.get("tempdir")
-    mp_config["tempdir"] = str(folder)
+    tempfile.tempdir = mp_config["tempdir"] = str(folder)
     try:
         with temporary_files_in(folder):
             yield folder
     finally:
-        mp_config["tempdir"] = saved_mp
-        tempfile.tempdir = saved_default
+        tempfile.tempdir, mp_config["tempdir"] = saved
         if handle is not None:
             handle.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def holding_the_output_dir(config):
-    """This machine's hold on output_dir, taken by the process that owns the run here (ownership.py).
-
-    The spawn path's launcher holds it for its ranks; under torchrun or srun each rank is started by
-    another program, so local rank 0 holds it. Other ranks hold nothing.
-    """
+    """This machine's hold on output_dir: the spawn launcher's for its ranks, else (torchrun, srun) local rank 0's."""
     if not under_torchrun():
         return hold_output_dir(Path(config.output_dir), config.node_rank)
     if int(os.environ.get("LOCAL_RANK", "0")) != 0:

@@ -9,7 +9,6 @@ import traceback
 from typing import TYPE_CHECKING
 
 from .config import Config
-from .processes import under_torchrun
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +20,8 @@ class LaunchError(RuntimeError):
 
 
 RESTART_VARIABLE = "DDP_RESTART_COUNT"  # the spawn path's twin of torchrun's TORCHELASTIC_RESTART_COUNT
+STORE_FILE_VARIABLE = "DDP_STORE_FILE"  # one machine: the ranks meet through this file, not a port
+BOUND_GLOO = "gloo_bound"  # gloo, with its sockets on the address gloo_binding() picks
 
 
 def restart_count() -> int:
@@ -28,17 +29,10 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get(RESTART_VARIABLE, "0")))
 
 
-STORE_FILE_VARIABLE = "DDP_STORE_FILE"  # one machine: the ranks meet through this file, not a port
-BOUND_GLOO = "gloo_bound"  # gloo, with its sockets on the address gloo_binding() picks
-
-
 def gloo_binding(config: Config) -> tuple[dict, str]:
-    """Where gloo's sockets listen, as create_device arguments, and why (for the log).
-
-    gloo's default, the hostname's address, is 127.0.1.1 on Ubuntu and any adapter on Windows (WSL, VPN ...).
-    One machine stays on loopback, so no firewall prompt appears; several use the address that routes to
-    master_addr. GLOO_SOCKET_IFNAME, when set, wins.
-    """
+    """Where gloo's sockets listen (create_device's arguments) and why: not gloo's default, the hostname's address
+    (127.0.1.1 on Ubuntu, any adapter on Windows), but loopback on one machine (no firewall prompt), else the
+    address that routes to master_addr; GLOO_SOCKET_IFNAME, when set, wins."""
     named = os.environ.get("GLOO_SOCKET_IFNAME")
     if named:
         return {"interface": named.split(",")[0]}, f"interface {named} (GLOO_SOCKET_IFNAME)"
@@ -67,23 +61,15 @@ def _register_bound_gloo(device_options: dict) -> None:
         dist.Backend.register_backend(BOUND_GLOO, create, devices=["cpu", "cuda"])
 
 
-GLOO_BACKENDS = ("gloo", BOUND_GLOO)  # the group's backend name: gloo_bound where init_process_group made it
-
-
 def under_gloo() -> bool:
-    """The default process group runs on gloo."""
     import torch.distributed as dist
 
-    return dist.get_backend() in GLOO_BACKENDS
+    return dist.get_backend() in ("gloo", BOUND_GLOO)
 
 
 def reduction_device(device: torch.device) -> torch.device:
-    """The device a collective's tensor must sit on: the host under gloo, `device` itself under nccl.
-
-    Windows builds of torch have no gloo all_reduce of CUDA tensors (pytorch/pytorch#186535): one dies with an
-    access violation, not an error. gloo's other collectives copy CUDA tensors through the host anyway, so under
-    gloo every collective uses host tensors: one rule, on every OS, at the same cost.
-    """
+    """Where a collective's tensor sits: the host under gloo, as Windows' torch has no gloo all_reduce of CUDA tensors
+    (it dies, pytorch/pytorch#186535) and gloo's other collectives go through the host anyway; else `device`."""
     import torch
 
     return torch.device("cpu") if under_gloo() else torch.device(device)
@@ -91,11 +77,8 @@ def reduction_device(device: torch.device) -> torch.device:
 
 # No annotations: DDP refuses a hook whose annotations are strings, as this module's `from __future__` makes them.
 def all_reduce_on_host(state, bucket):
-    """DDP's gradient all-reduce through host memory (reduction_device): a comm hook for gloo on GPUs.
-
-    As torch's allreduce_hook: each rank divides its bucket by the world size, then the buckets are summed;
-    here on a host copy, which then goes back into the bucket. `state`: the process group (None: the default).
-    """
+    """torch's allreduce_hook (divide by the world size, sum) on a host copy of the bucket (reduction_device), for
+    DDP on GPUs under gloo; `state`: the process group (None: the default)."""
     import torch.distributed as dist
 
     group = state if state is not None else dist.group.WORLD
@@ -106,8 +89,7 @@ def all_reduce_on_host(state, bucket):
 
 
 def reduce_gradients_where_gloo_can(model) -> bool:
-    """Under gloo, a DDP model with parameters on a GPU all-reduces its gradients on the host (on every OS, so the
-    path Windows needs runs on Linux too); whether it does."""
+    """Whether a DDP model now all-reduces its gradients on the host: under gloo on GPUs, on every OS alike."""
     if not under_gloo() or not any(parameter.is_cuda for parameter in model.parameters()):
         return False
     model.register_comm_hook(None, all_reduce_on_host)
@@ -115,8 +97,8 @@ def reduce_gradients_where_gloo_can(model) -> bool:
 
 
 def nccl_device(config: Config, devices: tuple[torch.device, ...]) -> torch.device | None:
-    """The GPU nccl's group is bound to, for plain DDP: NCCL then connects inside init_process_group, where its
-    errors name the cause, and barrier() knows its device. The split model's group spans two GPUs: unbound."""
+    """The GPU plain DDP binds nccl's group to, so NCCL connects in init_process_group, where its errors name the
+    cause, and barrier() knows its device; the split model's group spans two GPUs: unbound."""
     if config.backend != "nccl" or config.parallelism != "ddp":
         return None
     return devices[0]
@@ -138,8 +120,8 @@ def init_process_group(config: Config, rank: int, world_size: int, devices: tupl
             device_options, listening = gloo_binding(config)
             _register_bound_gloo(device_options)
             backend = BOUND_GLOO
-        store = restart_store(timeout) if under_torchrun() else None
-        if store_file and not store:
+        store = restart_store(timeout)
+        if store is None and store_file:
             store = dist.FileStore(store_file, world_size)
             store.set_timeout(timeout)
         dist.init_process_group(
@@ -168,28 +150,23 @@ def in_the_group():
 
     A group freed from C++ (the trainer's DDP model holds it) is joined with the GIL held, and a gloo worker still
     letting go of a tensor then waits for the GIL forever. So the trainer lives in the block's functions only;
-    when they raise, the error's frames, which still hold it, are cleared first. destroy_process_group then drops
-    the last reference from Python, which waits for gloo's workers without the GIL (pytorch/pytorch#154976).
+    when they raise, the error's frames (and its causes'), which still hold it, are cleared first.
+    destroy_process_group then drops the last reference from Python, without the GIL (pytorch/pytorch#154976).
     """
     try:
         yield
     except BaseException as error:
-        let_go_of_frames(error)
+        seen, cause = set(), error
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            traceback.clear_frames(cause.__traceback__)
+            cause = cause.__cause__ or cause.__context__
         raise
     finally:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def let_go_of_frames(error: BaseException | None) -> None:
-    """Clear the locals of the frames the error, and the errors behind it, passed through."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        traceback.clear_frames(error.__traceback__)
-        error = error.__cause__ or error.__context__
 
 
 def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
@@ -199,11 +176,6 @@ def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
         return None
     import torch.distributed as dist
 
-    shared = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        int(os.environ["WORLD_SIZE"]),
-        is_master=False,  # torchrun's agent on node 0 hosts it
-        timeout=timeout,
-    )
+    address, port, size = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"])
+    shared = dist.TCPStore(address, port, size, is_master=False, timeout=timeout)  # hosted by torchrun's agent
     return dist.PrefixStore(f"restart-{restart_count()}", shared)

@@ -8,10 +8,6 @@ import sys
 from dataclasses import dataclass
 
 WINDOWS = sys.platform == "win32"
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# The only start method Windows has, used on every OS for the ranks and their DataLoader workers: code that
-# Windows would refuse to pickle fails on Linux too, where it is found first.
-START_METHOD = "spawn"
 
 
 @dataclass(frozen=True)
@@ -22,14 +18,13 @@ class RankInfo:
     started_by: str  # for the log: spawn (this program), torchrun, srun
 
 
-def under_torchrun(environ: dict | os._Environ = os.environ) -> bool:
+def under_torchrun() -> bool:
     """torchrun (or any env:// launcher) already started this process as one rank."""
-    return all(name in environ for name in TORCHRUN_VARIABLES)
+    return all(name in os.environ for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def bound_by_slurm(environ: dict | os._Environ = os.environ) -> bool:
-    """A task that srun started as one rank: Slurm may have bound it to its own GPUs (--gpus-per-task,
-    --gpu-bind=single:1), so it sees only its share, not the node's."""
+    """A task srun started as one rank, which Slurm may have bound to its own GPUs (--gpus-per-task)."""
     return "SLURM_PROCID" in environ and "TORCHELASTIC_RUN_ID" not in environ
 
 
@@ -44,5 +39,6 @@ def torchrun_rank() -> RankInfo:
 
 
 def process_context() -> multiprocessing.context.BaseContext:
-    """How this program starts processes: the launcher its ranks, each rank its DataLoader workers (loaders.py)."""
-    return multiprocessing.get_context(START_METHOD)
+    """How the launcher starts its ranks and each rank its DataLoader workers: spawn, Windows' only way, on every OS,
+    so that what Windows cannot pickle fails on Linux too."""
+    return multiprocessing.get_context("spawn")

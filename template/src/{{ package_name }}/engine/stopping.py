@@ -28,10 +28,8 @@ _received = 0  # the signal this process received (0: none)
 
 
 class SettingsRefused(LaunchError):
-    """The settings cannot train, found by rank 0 before anything was written; the message names the fix.
-
-    every_rank: each rank of the job has it (under torchrun, rank 0 hands it to the others), so each can end alike.
-    """
+    """The settings cannot train, found by rank 0 before anything was written; `every_rank`: each rank has it (rank 0
+    hands it to the others under torchrun), so each can end alike."""
 
     def __init__(self, message: str, every_rank: bool = False) -> None:
         super().__init__(message)
