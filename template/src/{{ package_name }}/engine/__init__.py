@@ -5,10 +5,9 @@
 (Config, Batch), which stay where they are across updates.
 """
 
-from pathlib import Path
+from .config import PROJECT_ROOT, Config
 
 PACKAGE = __package__.rpartition(".")[0]  # the project's package: python -m <PACKAGE>.train
-PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/<package>/engine/ -> the folder with configs/
 
 
 class Batch(tuple):
@@ -16,12 +15,3 @@ class Batch(tuple):
 
 
 __all__ = ["PACKAGE", "PROJECT_ROOT", "Batch", "Config"]
-
-
-def __getattr__(name: str):
-    """Config on first use, not at import: config.py imports PROJECT_ROOT from here."""
-    if name == "Config":
-        from .config import Config
-
-        return Config
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

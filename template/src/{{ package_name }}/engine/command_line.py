@@ -30,13 +30,8 @@ def _kind(value) -> str:
 
 
 def override(settings: dict, assignment: str, typed: str = "") -> dict:
-    """settings with `NAME=VALUE` applied (--set, or a [recipe] setting's own flag); ConfigError says why not.
-
-    VALUE is TOML and must have the kind the setting has in the file (an integer may stand for a float).
-    A string setting also takes a bare word (--set optimizer=adamw), which shells make hard to quote.
-    A name the file lacks adds a setting of VALUE's kind, unless it looks like a typo of one the file has.
-    `typed` is what the command line said, for the message (--lr abc), when it was not --set.
-    """
+    """settings with `NAME=VALUE` (TOML, of the setting's kind) applied; ConfigError says why not. A string also
+    takes a bare word (--set optimizer=adamw), which shells make hard to quote; `typed`: the flag, for the message."""
     name, equals, text = assignment.partition("=")
     name, typed = name.strip(), typed or f"--set {assignment}"
     if not equals or not name:
@@ -99,11 +94,8 @@ def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentP
         if setting_field.type == "bool":
             options["action"] = argparse.BooleanOptionalAction
         else:
-            options["type"] = _FLAG_TYPES[setting_field.type]
-            options["metavar"] = setting_field.type.upper()
-            if meta["choices"]:
-                options["choices"] = meta["choices"]
-                options["metavar"] = "{" + ",".join(meta["choices"]) + "}"
+            metavar = "{" + ",".join(meta["choices"]) + "}" if meta["choices"] else setting_field.type.upper()
+            options.update(type=_FLAG_TYPES[setting_field.type], choices=meta["choices"] or None, metavar=metavar)
         parser.add_argument(*flags, **options)
     recipe = parser.add_argument_group(
         "recipe settings", "[recipe] in the config file; each flag is short for --set NAME=VALUE (VALUE in TOML)"
@@ -120,8 +112,7 @@ def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentP
 
 
 def from_command_line(argv: list[str] | None, prog: str) -> Config:
-    """configs/train.toml, then the --config file, then flags; exits with status 2 and a one-line reason on bad
-    input, and with 0 after --print-config has shown the result."""
+    """configs/train.toml, then the --config file, then flags; bad input exits with 2 and one line."""
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     first.add_argument("--set", action="append", default=[])
@@ -163,12 +154,12 @@ def merged_settings(config: Config, sources: dict[str, str]) -> str:
     }
     lines = []
     for table, values in tables.items():
-        lines += ["" if lines else None, f"[{table}]"]
+        lines += [f"\n[{table}]" if lines else f"[{table}]"]
         for name, value in values.items():
             source = sources.get(f"[recipe] {name}" if table == "recipe" else name, "")
             where = source if source.startswith("-") else shown_path(source)  # a flag, or a file
             lines.append(f"{f'{name} = {json.dumps(value)}':<40}  # {where}")
-    return "\n".join(line for line in lines if line is not None)
+    return "\n".join(lines)
 
 
 def with_flags(config: Config, args: dict, parser: argparse.ArgumentParser) -> Config:
@@ -208,10 +199,7 @@ def resume_command(argv: list[str] | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print settings as training would see them (scripts/train.sh asks for torchrun's layout before it starts).
-
-    configs/train.toml and the flags stay the one source, and bad flags are refused before any rank starts.
-    """
+    """Print settings as training would see them (scripts/train.sh asks for torchrun's layout before it starts)."""
     parser = argparse.ArgumentParser(
         prog=f"python -m {__package__}.command_line", description=main.__doc__.splitlines()[0]
     )
@@ -220,12 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     config = from_command_line(train_args, TRAIN_COMMAND)
     names = args.get.split(",")
     computed = {"local_address", "world_size", "micro_batch"}
-    known = {f.name for f in dataclasses.fields(Config)} | computed | config.settings.keys()
-    unknown = [name for name in names if name not in known]
+    unknown = [name for name in names if name not in {*SETTING_NAMES, *computed, *config.settings}]
     if unknown:
         parser.error(f"unknown setting(s): {', '.join(unknown)}")
     try:
-        print(" ".join(str(getattr(config, name)) for name in names))
+        print(
+            " ".join(str(config.settings[name] if name in config.settings else getattr(config, name)) for name in names)
+        )
     except OSError as error:  # local_address, when nothing routes to master_addr
         parser.error(f"no route from this machine to master_addr {config.master_addr} ({error.strerror or error})")
     return 0

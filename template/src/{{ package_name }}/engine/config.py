@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import PROJECT_ROOT, scalars
+from . import scalars
 
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/<package>/engine/ -> the folder with configs/
 DEFAULT_CONFIG = PROJECT_ROOT / "configs" / "train.toml"
 
 
@@ -96,18 +97,14 @@ class Config:
 
     @property
     def local_address(self) -> str:
-        """The address of this machine that routes to master_addr: what it tells the other nodes to call.
-
-        The operating system picks it for a UDP socket "connected" to master_addr, which sends nothing;
-        a VPN, a WSL/Docker adapter or a hostname mapped to 127.0.1.1 cannot mislead it. OSError: no route.
-        """
+        """This machine's address that routes to master_addr (OSError: none), as the OS picks it for a UDP socket
+        that sends nothing: a VPN, a WSL/Docker adapter or a hostname mapped to 127.0.1.1 cannot mislead it."""
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((self.master_addr, self.master_port))
             return probe.getsockname()[0]
 
     @property
-    def micro_batch(self) -> int:
-        """Samples each rank puts through the model at once."""
+    def micro_batch(self) -> int:  # samples each rank puts through the model at once
         return self.global_batch_size // (self.world_size * self.accumulate_steps)
 
     def problems(self) -> list[str]:
@@ -167,9 +164,7 @@ def native_bf16(cpuinfo: str | None = None) -> bool | None:
             return None
     lines = [line for line in cpuinfo.splitlines() if line.startswith("flags")]
     flags = {flag for line in lines for flag in line.partition(":")[2].split()}
-    if not flags:  # another architecture's /proc/cpuinfo, without x86 flags
-        return None
-    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+    return bool(flags & set(NATIVE_BF16_FLAGS)) if flags else None  # no flags: another architecture
 
 
 def precision_warning(config: Config) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import difflib
@@ -61,17 +62,18 @@ def did_you_mean(name: str, known) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
-def load(path: Path) -> Config:
-    """The settings of configs/train.toml with `path` over it."""
+def load(path: Path) -> Config:  # configs/train.toml with `path` over it
     return Config(**layered(path)[0])
 
 
 def layered(path: Path) -> tuple[dict, dict[str, str]]:
-    """(Config's values, {setting: the file it came from}) of configs/train.toml, then `path` over it when it is
-    another file: a file of yours names only what differs. Its [recipe] table adds to configs/train.toml's when
-    both name the same recipe, and replaces it when `path` names another recipe (whose settings are its own).
+    """(Config's values, {setting: the file it came from}) of configs/train.toml, then `path` over it: a file of
+    yours names only what differs. Its [recipe] adds to train.toml's, or replaces it when it names another recipe.
     """
-    layers = [DEFAULT_CONFIG] if DEFAULT_CONFIG.is_file() and not same_file(DEFAULT_CONFIG, path) else []
+    same = False
+    with contextlib.suppress(OSError):  # `path` is not there: read_layer says so
+        same = DEFAULT_CONFIG.samefile(path)
+    layers = [DEFAULT_CONFIG] if DEFAULT_CONFIG.is_file() and not same else []
     values: dict = {"environment": {}, "settings": {}}
     sources: dict[str, str] = {}
     for layer in [*layers, Path(path)]:
@@ -91,13 +93,6 @@ def layered(path: Path) -> tuple[dict, dict[str, str]]:
             "template's train.toml"
         )
     return values, sources
-
-
-def same_file(first: Path, second: Path) -> bool:
-    try:
-        return Path(first).samefile(second)
-    except OSError:  # `second` is not there: read_layer says so
-        return False
 
 
 def read_layer(path: Path) -> dict:

@@ -1,17 +1,7 @@
-"""How the engine samples and loads a recipe's datasets on each rank: PyTorch's DataLoader, its own iterator.
+"""How each rank samples, fetches and moves a recipe's datasets: PyTorch's DataLoader, with its own iterator.
 
-Training: DataLoader(batch_sampler=a DistributedSampler that can start an epoch part-way, cut into
-per-rank micro-batches). Any map-style Dataset with integer indexing works; one that implements
-PyTorch's batched fetch (`__getitems__`) gets whole index lists instead, and may return a ready `Batch`.
-Validation: each rank takes every world_size-th sample, without DistributedSampler's padding, so
-exactly the N validation samples count once.
-A batch may be any structure of tensors (tuples, lists, dicts, namedtuples, dataclasses): `to_device`
-moves each tensor in it, and `samples_in` counts the batch by its first tensor's leading dimension.
-
-Random draws inside the dataset (augmentation in `__getitem__`, with torch, numpy or Python's random)
-are seeded per sample from (seed, epoch, index) by SampleSeeded (streams.py): they depend on which sample
-is drawn in which epoch, never on the process that draws it, so any num_workers and a resume mid-epoch
-give the same batches.
+Any map-style Dataset works; one with PyTorch's batched fetch (`__getitems__`) gets whole index lists and may
+return a ready `Batch`. A batch may be any structure of tensors (tuples, lists, dicts, namedtuples, dataclasses).
 """
 
 from __future__ import annotations

@@ -30,8 +30,7 @@ class AboveTheBar(logging.StreamHandler):
 
 
 def rank_logger(logger: logging.Logger, output_dir: Path, rank: int) -> logging.Logger:
-    """`logger`, writing to logs/rank<N>.log (torchrun's redirects do not work on Windows); rank 0's to the console
-    too."""
+    """`logger` into logs/rank<N>.log (torchrun's redirects do not work on Windows), rank 0's to the console too."""
     logger.setLevel(logging.DEBUG)  # the file gets DEBUG lines too; the console only INFO
     logger.handlers.clear()
     logger.propagate = False
@@ -107,17 +106,14 @@ def plural(count: int, ending: str = "s") -> str:
     return "" if count == 1 else ending
 
 
-def wrapped(message: str, stream=None, width: int | None = None, indent: str = "  ") -> str:
+def wrapped(message: str, stream=None, indent: str = "  ") -> str:
     """A long message broken at spaces to the console's width, continuation lines indented; unchanged when
     the stream (stderr by default) is not a terminal: a log file or a pipe keeps one line per message."""
-    if width is None:
-        if not (stream or sys.stderr).isatty():
-            return message
-        width = shutil.get_terminal_size((COLUMNS, 24)).columns
-    return "\n".join(
-        textwrap.fill(line, width=max(width, 40), subsequent_indent=indent, break_on_hyphens=False)
-        for line in message.splitlines()
-    )
+    if not (stream or sys.stderr).isatty():
+        return message
+    width = max(shutil.get_terminal_size((COLUMNS, 24)).columns, 40)
+    fill = textwrap.TextWrapper(width, subsequent_indent=indent, break_on_hyphens=False).fill
+    return "\n".join(fill(line) for line in message.splitlines())
 
 
 # The bar's own fields first: the postfix (epoch, loss) comes last and the bar itself shrinks to fit.
@@ -125,8 +121,7 @@ BAR_FORMAT = "{percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remainin
 
 
 def progress_bar(total: int, done: int) -> tqdm | None:
-    """Rank 0's bar, only on a terminal (a CI log or a file gets the epoch lines alone); it follows the
-    window's width, and at 80 columns still shows the time left, steps/s and the last epoch's loss."""
+    """Rank 0's bar, only on a terminal (a CI log or a file gets the epoch lines alone), as wide as the window."""
     if not sys.stdout.isatty():
         return None
     from tqdm import tqdm
@@ -135,8 +130,7 @@ def progress_bar(total: int, done: int) -> tqdm | None:
 
 
 def show_training(progress: tqdm | None, epoch: int, epochs: int, finished: dict | None) -> None:
-    """The bar's postfix as an epoch starts: the epoch being trained, then the last finished one's loss, labelled
-    with its epoch (`training epoch 4/5; epoch 3: loss 0.5818`; cut from the right when too long)."""
+    """The bar's postfix as an epoch starts: `training epoch 4/5; epoch 3: loss 0.5818`, cut from the right."""
     if progress is None:
         return
     last = ""
@@ -146,10 +140,10 @@ def show_training(progress: tqdm | None, epoch: int, epochs: int, finished: dict
 
 
 def show_epoch(progress: tqdm | None, row: dict, epochs: int) -> None:
-    """The bar's postfix after an epoch: the epoch and its loss; more values when the window is wide."""
+    """The bar's postfix after an epoch: its loss and number, cut from the right; more values in a wide window."""
     if progress is None:
         return
-    fields = f"loss {number(row['loss'])}, epoch {row['epoch']}/{epochs}"  # cut from the right when too long
+    fields = f"loss {number(row['loss'])}, epoch {row['epoch']}/{epochs}"
     if shutil.get_terminal_size((COLUMNS, 24)).columns >= COLUMNS + 20:
         values = [item.split(" (val")[0] for item in epoch_values(row)[:3]]
         fields = ", ".join([*values, f"epoch {row['epoch']}/{epochs}"])

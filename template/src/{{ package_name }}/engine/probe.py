@@ -1,5 +1,4 @@
-"""The rank side of `python -m <package>.doctor --smoke` (smoke.py): each rank's device(s), an all-reduce over the
-backend, one optimizer step under the precision, then a bare DDP loop, timed."""
+"""The rank side of the smoke check (smoke.py): each rank's devices, an all-reduce, one step, a bare DDP loop, timed."""
 
 from __future__ import annotations
 
@@ -24,46 +23,41 @@ from .recipes import on_devices
 BARE_STEPS = 30  # the bare loop's timed steps, after 3 untimed ones
 
 
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
-
-
 def probe_rank(config: Config, info) -> int:
-    """One rank of the probe (smoke.probing): each part's outcome goes to <output_dir>/rank<N>.json,
-    and a part that fails does not stop the others. The model, loaders and step are the engine's own (Trainer)."""
+    """One rank of the probe: each part's outcome goes to <output_dir>/rank<N>.json."""
     context = RankContext.create(config, info, logging.getLogger(f"{PACKAGE}.smoke"))
     context.use_devices()
-    init_process_group(context.config, context.rank, context.world_size, context.devices)
+    init_process_group(config, context.rank, context.world_size, context.devices)
     found: dict = {"rank": info.rank, "devices": [str(device) for device in context.devices]}
     with in_the_group():
         try:
             found.update(parts(context))
         finally:
-            folder = Path(config.output_dir)
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"rank{info.rank}.json").write_text(json.dumps(found), encoding="utf-8")
+            Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(config.output_dir) / f"rank{info.rank}.json").write_text(json.dumps(found), encoding="utf-8")
     return 0
 
 
 def parts(context: RankContext) -> dict:
-    """Each part's outcome by name. The trainer lives in here only: see in_the_group()."""
+    """Each part's outcome, or its error's first line: one that fails does not stop the others. The trainer lives
+    in here only: see in_the_group()."""
     found, trainer = {}, None
     for name, part in (("collective", _collective), ("step", _step), ("bare", _bare_loop)):
         try:
             if name != "collective" and trainer is None:
                 trainer = build_trainer(context)
-            found[name] = part(context.config, context, context.devices, trainer)
+            found[name] = part(context, trainer)
         except Exception as error:  # noqa: BLE001 - reported as that part's FAIL, with its message
-            found[name] = {"error": first_line(error)}
+            text = str(error).strip()
+            found[name] = {"error": f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"}
     return found
 
 
-def _collective(config: Config, info: RankContext, devices, trainer) -> dict:
-    total = torch.tensor([float(info.rank + 1)], device=reduction_device(devices[-1]))
+def _collective(context: RankContext, trainer) -> dict:
+    total = torch.tensor([float(context.rank + 1)], device=reduction_device(context.devices[-1]))
     dist.all_reduce(total, op=dist.ReduceOp.SUM)
     dist.barrier()
-    return {"sum": total.item(), "expected": info.world_size * (info.world_size + 1) / 2}
+    return {"sum": total.item(), "expected": context.world_size * (context.world_size + 1) / 2}
 
 
 def _one_step(trainer, batch) -> tuple:
@@ -78,7 +72,8 @@ def _one_step(trainer, batch) -> tuple:
     return loss, finite
 
 
-def _step(config: Config, info, devices, trainer) -> dict:
+def _step(context: RankContext, trainer) -> dict:
+    config, devices = context.config, context.devices
     if config.device == "cuda" and config.precision == "bf16":
         own = {d.index: (torch.cuda.get_device_name(d), torch.cuda.get_device_capability(d)) for d in devices}
         problem = bf16_problem(own, config.parallelism)
@@ -92,8 +87,9 @@ def _step(config: Config, info, devices, trainer) -> dict:
     }
 
 
-def _bare_loop(config: Config, info, devices, trainer) -> dict:
+def _bare_loop(context: RankContext, trainer) -> dict:
     """The same model, optimizer and step in DDP on one batch kept on the devices: no loader, totals or schedule."""
+    devices = context.devices
     batch = on_devices(next(batches_of(trainer.train_data)), devices)
     for _ in range(3):
         _one_step(trainer, batch)
@@ -105,4 +101,4 @@ def _bare_loop(config: Config, info, devices, trainer) -> dict:
     synchronize()
     slowest = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=reduction_device(devices[-1]))
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return {"samples_per_s": BARE_STEPS * config.micro_batch * info.world_size / slowest.item()}
+    return {"samples_per_s": BARE_STEPS * context.config.micro_batch * context.world_size / slowest.item()}

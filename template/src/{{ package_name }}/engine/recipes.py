@@ -60,11 +60,8 @@ def in_the_recipe(error: BaseException) -> str:
 
 
 def load_recipe(name: str):
-    """Import the recipe and check what the engine will call, before any rank meets another or trains.
-
-    LaunchError names the file and line: of the code that failed to import, or of a function the engine
-    cannot call with its arguments.
-    """
+    """Import the recipe and check what the engine will call, before any rank meets another or trains; LaunchError
+    names the file and line of the code that failed to import, or of a function the engine cannot call so."""
     try:
         recipe = importlib.import_module(name)
     except ModuleNotFoundError as error:
@@ -118,7 +115,7 @@ def recipe_check(recipe, config: Config) -> str | None:
 
 
 def lr_schedule(recipe, optimizer: torch.optim.Optimizer, config: Config, total_steps: int):
-    """The recipe's schedule(), an optional hook: without it the learning rate stays constant."""
+    """The recipe's schedule(), or a constant learning rate."""
     if hasattr(recipe, "schedule"):
         return recipe.schedule(optimizer, config, total_steps)
     return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)

@@ -76,10 +76,8 @@ def roles(devices: tuple[torch.device, ...]) -> dict[str, torch.device]:
 
 
 def state(devices: tuple[torch.device, ...]) -> dict:
-    """This process's random streams as tensors and plain values (loadable with weights_only=True).
-
-    CUDA's only for this rank's own GPUs, and only when it trains on them: a CPU run never starts CUDA here.
-    """
+    """This process's random streams as tensors and plain values (loadable with weights_only=True); CUDA's only for
+    this rank's own GPUs, when it trains on them: a CPU run never starts CUDA here."""
     kind, keys, position, has_gauss, cached = np.random.get_state()
     found = {
         "python": random.getstate(),
@@ -98,10 +96,7 @@ def state(devices: tuple[torch.device, ...]) -> dict:
 
 
 def cuda_states_for(saved, devices: tuple[torch.device, ...]) -> list[tuple[torch.device, torch.Tensor]]:
-    """(device, state) pairs to restore: each saved role on this rank's device of that role.
-
-    A role this rank does not have (a split model resumed as plain DDP) is left at its seed.
-    """
+    """(device, state) pairs to restore, by role; a role this rank lacks (split model resumed as DDP) keeps its seed."""
     return [(device, saved[role]) for role, device in roles(devices).items() if role in (saved or {})]
 
 
