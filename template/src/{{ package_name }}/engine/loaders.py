@@ -209,20 +209,19 @@ class SampleSeeded(Dataset):
         return [self.fetch_batch(seeded, epoch, indices) for indices in batches]
 
     def fetch_batch(self, seeded: list, epoch: int, indices: list):
+        seed_streams = (seed_torch, *seeded)  # per sample only the seeding and the fetch: a call more costs each
         if self.batched:
-            self.seed_draws(seeded, epoch, indices[0])
+            seed = sample_seed(self.seed, epoch, indices[0])
+            for seed_stream in seed_streams:
+                seed_stream(seed)
             return self.dataset.__getitems__(indices)
-        samples = []
+        samples, dataset, run_seed = [], self.dataset, self.seed
         for index in indices:
-            self.seed_draws(seeded, epoch, index)
-            samples.append(self.dataset[index])
+            seed = sample_seed(run_seed, epoch, index)
+            for seed_stream in seed_streams:
+                seed_stream(seed)
+            samples.append(dataset[index])
         return samples
-
-    def seed_draws(self, seeded: list, epoch: int, index: int) -> None:
-        seed = sample_seed(self.seed, epoch, index)
-        seed_torch(seed)
-        for seed_stream in seeded:
-            seed_stream(seed)
 
 
 def _loader(dataset: Dataset, batches: KeyBatches, workers: int, seed: int, rank: int, pin: bool):

@@ -31,8 +31,7 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return int(_seeds(seed, epoch, index // SEEDS_AT_ONCE)[index % SEEDS_AT_ONCE])
 
 
-def seed_torch(seed: int) -> None:
-    torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds CUDA's streams too
+seed_torch = torch.default_generator.manual_seed  # not torch.manual_seed: that reseeds CUDA's streams too
 
 
 def seed_numpy(seed: int) -> None:
