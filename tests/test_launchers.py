@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import windows_path
-from render import ANSWER_SETS, render
+from render import ANSWER_SETS
 
 # One worker runs them all: each worker would otherwise create its own Wine prefix (seconds of CPU each)
 # and render the Windows answer sets again.
@@ -121,10 +121,9 @@ def test_setup_env_bat_without_conda_or_python_says_what_to_install(rendered, wi
 
 
 @pytest.fixture
-def venv_project(tmp_path, wine_cmd):
+def venv_project(tmp_path, rendered, wine_cmd):
     """A fresh render whose .venv exists (its python.exe is the recording stand-in), as setup_env.bat leaves it."""
-    project = tmp_path / "my project"
-    render(project, {})
+    project = shutil.copytree(rendered("windows-cpu-default"), tmp_path / "my project")  # the defaults
     scripts = project / ".venv" / "Scripts"
     scripts.mkdir(parents=True)
     shutil.copy(wine_cmd.bin / "python.exe", scripts / "python.exe")
@@ -150,8 +149,7 @@ def test_setup_env_bat_venv_flag_never_asks_conda(venv_project, wine_cmd):
 
 
 def test_setup_env_bat_makes_the_venv_with_a_python_of_the_pinned_version(rendered, wine_cmd, tmp_path):
-    project = tmp_path / "fresh"
-    render(project, {})
+    project = shutil.copytree(rendered("windows-cpu-default"), tmp_path / "fresh")  # the defaults
     run = wine_cmd.run(launcher(project, "setup_env.bat"), exits={"conda": 1})
     # The stand-in makes no folder: the script probes python's version, asks it for a venv, then says none came.
     assert run.launcher_exit == 1, run.stdout

@@ -32,14 +32,13 @@ def needed(project: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def local_mirror(tmp_path_factory):
+def local_mirror(tmp_path_factory, rendered):
     """The mirror's stand-in, with every wheel the project needs, fetched once from where this machine's pip finds
     them (a local folder here)."""
     if "+cpu" not in torch.__version__ or sys.platform == "win32":
         pytest.skip("the venv path is run with a +cpu torch build, in bash")
     folder = tmp_path_factory.mktemp("wheels")
-    project = tmp_path_factory.mktemp("probe") / "p"
-    render(project, {})
+    project = rendered("windows-cpu-default")  # the defaults
     fetched = subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder), *needed(project)],
         capture_output=True, text=True, timeout=900,
@@ -151,8 +150,7 @@ def test_setup_env_sh_without_a_python_of_the_pinned_version_says_how_to_name_on
     assert not (project / ".venv").exists()
 
 
-def test_setup_env_sh_refuses_an_unknown_argument(tmp_path):
-    project = tmp_path / "p"
-    render(project, {})
+def test_setup_env_sh_refuses_an_unknown_argument(rendered):
+    project = rendered("windows-cpu-default")  # the defaults; the refusal changes nothing
     done = subprocess.run([str(project / "scripts" / "setup_env.sh"), "--conda"], capture_output=True, text=True)
     assert (done.returncode, done.stderr) == (2, "usage: scripts/setup_env.sh [--venv]\n")

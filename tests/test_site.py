@@ -25,6 +25,8 @@ import pytest
 from render import TEMPLATE, TEMPLATE_ADDRESS, copy_template, render
 
 TESTS = Path(__file__).resolve().parent
+# One worker runs them all: each worker would otherwise build the whole site for itself (seconds of CPU each).
+pytestmark = pytest.mark.xdist_group("site")
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ errors of the OS it was generated for, and a project for both labels every comma
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -43,14 +44,24 @@ COMMAND_FENCE = re.compile(r"^```(bash|sh|shell|console|bat|cmd|powershell|ps1)\
 OS_LABEL = re.compile(r"(Windows|Linux).*[:：]\s*$")
 
 
+class Projects(dict):
+    """One project per target_os, with both READMEs, each rendered when a test first asks for it: xdist spreads
+    the tests over workers, and each worker renders only the ones its tests read."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
+
+    def __missing__(self, target_os: str) -> Path:
+        project = self.tmp_path_factory.mktemp(target_os) / "p"
+        render(project, {"target_os": target_os, "readme_language": "both"})
+        self[target_os] = project  # kept only once whole
+        return project
+
+
 @pytest.fixture(scope="module")
 def projects(tmp_path_factory):
-    """One project per target_os, with both READMEs."""
-    made = {}
-    for target_os in ("linux", "windows", "both"):
-        made[target_os] = tmp_path_factory.mktemp(target_os) / "p"
-        render(made[target_os], {"target_os": target_os, "readme_language": "both"})
-    return made
+    return Projects(tmp_path_factory)
 
 
 def pages_of(project):

@@ -35,26 +35,32 @@ def git(cwd: Path, *args: str) -> str:
     return done.stdout
 
 
-@pytest.fixture(autouse=True)
-def hermetic_git(tmp_path, monkeypatch):
-    config = tmp_path / "gitconfig"
-    config.write_text(
-        "[user]\n\tname = Test\n\temail = test@example.invalid\n[core]\n\tautocrlf = input\n"
-        "[init]\n\tdefaultBranch = main\n[commit]\n\tgpgsign = false\n",
-        encoding="utf-8",
-    )
+GITCONFIG = (
+    "[user]\n\tname = Test\n\temail = test@example.invalid\n[core]\n\tautocrlf = input\n"
+    "[init]\n\tdefaultBranch = main\n[commit]\n\tgpgsign = false\n"
+)
+
+
+def hermetic(folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """git and copier read only the settings written into FOLDER."""
+    config = folder / "gitconfig"
+    config.write_text(GITCONFIG, encoding="utf-8")
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    settings = tmp_path / "copier-settings.yml"
+    settings = folder / "copier-settings.yml"
     settings.write_text("{}\n", encoding="utf-8")
     monkeypatch.setenv("COPIER_SETTINGS_PATH", str(settings))
     return config
 
 
-@pytest.fixture
-def versions(tmp_path) -> Path:
+@pytest.fixture(autouse=True)
+def hermetic_git(tmp_path, monkeypatch):
+    return hermetic(tmp_path, monkeypatch)
+
+
+def make_versions(repo: Path) -> Path:
     """A template repository with tags v1 (the working tree) and v2 (v1 plus a realistic change)."""
-    repo = copy_template(tmp_path / "template-repo")
+    copy_template(repo)
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "v1")
@@ -82,6 +88,34 @@ def generate(template: Path, destination: Path, ref: str, **data) -> Path:
     return destination
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The template repository (v1, v2) and a default project generated at v1 and committed, built once per
+    module with the same hermetic settings: tests that only read the repository share it, and each test that
+    edits a project edits its own copy of the generated one."""
+    folder = tmp_path_factory.mktemp("versions")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        hermetic(folder, monkeypatch)
+        versions = make_versions(folder / "template-repo")
+        generated = generate(versions, folder / "generated-v1", "v1")
+    return versions, generated
+
+
+@pytest.fixture
+def versions(built) -> Path:
+    return built[0]
+
+
+@pytest.fixture
+def generated_v1(built, tmp_path):
+    """A copy of the default project generated at v1 (with its git repository), for the test to change."""
+
+    def copy(name: str) -> Path:
+        return Path(shutil.copytree(built[1], tmp_path / name, symlinks=True))
+
+    return copy
+
+
 def update(project: Path, ref: str = "v2", **options) -> None:
     copier.run_update(str(project), defaults=True, overwrite=True, vcs_ref=ref, quiet=True, **options)
 
@@ -100,8 +134,8 @@ def find_conflicts(project: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(script), str(project)], capture_output=True, text=True)
 
 
-def test_update_without_edits_equals_a_fresh_copy(versions, tmp_path):
-    updated = generate(versions, tmp_path / "updated", "v1")
+def test_update_without_edits_equals_a_fresh_copy(versions, generated_v1, tmp_path):
+    updated = generated_v1("updated")
     update(updated)
     fresh = tmp_path / "fresh"
     copier.run_copy(str(versions), str(fresh), defaults=True, vcs_ref="v2", quiet=True)
@@ -114,8 +148,8 @@ def test_update_without_edits_equals_a_fresh_copy(versions, tmp_path):
     assert b'set "PYTHONUTF8=1"' in old["scripts/train.bat"]  # the update really moved to v2
 
 
-def test_user_edits_survive_and_the_template_change_arrives(versions, tmp_path):
-    project = generate(versions, tmp_path / "project", "v1")
+def test_user_edits_survive_and_the_template_change_arrives(generated_v1):
+    project = generated_v1("project")
     train = next((project / "src").glob("*/train.py"))
     train.write_text(train.read_text(encoding="utf-8") + "\n\n# my own note about this run\n", encoding="utf-8")
     config = project / "configs" / "train.toml"
@@ -134,7 +168,9 @@ def test_user_edits_survive_and_the_template_change_arrives(versions, tmp_path):
 
 
 def test_recipe_edits_survive_an_engine_change_and_the_project_still_trains(versions, tmp_path):
-    # v3 changes the engine (a log line in engine/trainer.py) and the template's own toy recipe.
+    # v3 changes the engine (a log line in engine/trainer.py) and the template's own toy recipe, in a copy of the
+    # shared repository.
+    versions = Path(shutil.copytree(versions, tmp_path / "template-repo", symlinks=True))
     package_dir = versions / "template" / "src" / "{{ package_name }}"
     trainer = package_dir / "engine" / "trainer.py"
     trainer.write_text(
@@ -183,8 +219,8 @@ def test_recipe_edits_survive_an_engine_change_and_the_project_still_trains(vers
 
 
 @pytest.mark.parametrize("mode", ["inline", "rej"])
-def test_conflicting_edits_are_reported(versions, tmp_path, mode):
-    project = generate(versions, tmp_path / "project", "v1")
+def test_conflicting_edits_are_reported(generated_v1, mode):
+    project = generated_v1("project")
     config = project / "configs" / "train.toml"
     config.write_text(config.read_text(encoding="utf-8").replace("timeout_s = 300 ", "timeout_s = 120 "), "utf-8")
     git(project, "commit", "-qam", "shorter timeout")
@@ -196,8 +232,8 @@ def test_conflicting_edits_are_reported(versions, tmp_path, mode):
     assert report.stdout.count("\n") == 1  # one line
 
 
-def test_changed_answers_regenerate_every_dependent_file(versions, tmp_path):
-    project = generate(versions, tmp_path / "project", "v1")
+def test_changed_answers_regenerate_every_dependent_file(generated_v1, tmp_path):
+    project = generated_v1("project")
     update(project, data={"gpus_per_node": 2, "cuda": "cu126", "nproc_per_node": 2, "master_port": 29700})
     assert "torch==2.13.0+cu126" in (project / "requirements.txt").read_text(encoding="utf-8")
     config = (project / "configs" / "train.toml").read_text(encoding="utf-8")
@@ -228,13 +264,12 @@ def test_bat_files_stay_crlf_after_an_update(versions, tmp_path, hermetic_git, a
         assert data.count(b"\n") == data.count(b"\r\n"), script
 
 
-def test_recopy_restores_a_deleted_template_file(versions, tmp_path):
-    project = generate(versions, tmp_path / "project", "v1")
+def test_recopy_restores_a_deleted_template_file(built, generated_v1):
+    project = generated_v1("project")
     (project / "scripts" / "train.ps1").unlink()
     git(project, "commit", "-qam", "oops")
     copier.run_recopy(str(project), defaults=True, overwrite=True, quiet=True)
-    fresh = tmp_path / "fresh"
-    copier.run_copy(str(versions), str(fresh), defaults=True, vcs_ref="v1", quiet=True)
+    fresh = built[1]  # the same copy at v1, untouched
     assert filecmp.cmp(project / "scripts" / "train.ps1", fresh / "scripts" / "train.ps1", shallow=False)
 
 
