@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sys
@@ -9,6 +10,8 @@ import textwrap
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .files import write_error
 
 if TYPE_CHECKING:  # tqdm is imported by the ranks only: the launcher prints its refusals with wrapped()
     from tqdm import tqdm
@@ -29,6 +32,27 @@ class AboveTheBar(logging.StreamHandler):
             self.handleError(record)
 
 
+class LogFile(logging.FileHandler):
+    """A rank's log file. A full disk or a refusal stops the rank with a checkpoint's one line (files.write_error),
+    not logging's traceback per line: a run that goes on unlogged loses its record, and its next save fails."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:  # after a failure the rank is stopping: its last lines have nowhere to go
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        failure = write_error(error, Path(self.baseFilename)) if isinstance(error, OSError) else None
+        if failure is None:
+            return super().handleError(record)
+        self.failed = True
+        with contextlib.suppress(OSError):  # the unwritten line: closed, not retried at exit
+            self.close()
+        raise failure from error
+
+
 def rank_logger(logger: logging.Logger, output_dir: Path, rank: int) -> logging.Logger:
     """`logger` into logs/rank<N>.log (torchrun's redirects do not work on Windows), rank 0's to the console too."""
     logger.setLevel(logging.DEBUG)  # the file gets DEBUG lines too; the console only INFO
@@ -37,9 +61,8 @@ def rank_logger(logger: logging.Logger, output_dir: Path, rank: int) -> logging.
     (output_dir / "logs").mkdir(parents=True, exist_ok=True)
     # Paths from a command line Python could not decode (LC_ALL=C without UTF-8 mode) carry their raw bytes
     # as surrogates: written back as those bytes, the file shows the path as it is on the disk.
-    to_file = logging.FileHandler(output_dir / "logs" / f"rank{rank}.log", encoding="utf-8", errors="surrogateescape")
+    to_file = LogFile(output_dir / "logs" / f"rank{rank}.log", encoding="utf-8", errors="surrogateescape")
     to_file.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(levelname)s %(message)s"))
-    logger.addHandler(to_file)
     if rank == 0:
         # tqdm's default lock is a multiprocessing semaphore, which a rank stopped by SIGTERM leaks
         # (a resource_tracker warning after every failed run). Only rank 0 draws: a thread lock does.
@@ -52,6 +75,7 @@ def rank_logger(logger: logging.Logger, output_dir: Path, rank: int) -> logging.
         # A traceback goes to the file only: the console gets the launcher's one line, which names the file.
         to_console.addFilter(lambda record: not record.exc_info)
         logger.addHandler(to_console)
+    logger.addHandler(to_file)  # last: a line the file cannot take is on the console still
     return logger
 
 

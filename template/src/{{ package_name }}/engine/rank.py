@@ -231,7 +231,7 @@ def train(context: RankContext) -> int:
     log = context.log
     try:
         trainer = build_trainer(context)
-    except LaunchError:
+    except (LaunchError, WriteError):  # a refusal, or a disk's (run_rank's one line): not the recipe's fault
         raise
     except Exception as error:  # the recipe's code, with this run's settings: retrying cannot help
         log.exception("the recipe failed")  # to the rank's log file
