@@ -19,12 +19,12 @@ HERE = Path(__file__).resolve().parent
 # xdist hands tests out in collection order, a couple at a time per worker: the longest go first, so that
 # none of them starts last while the other workers sit idle (`nox -s tests -- --durations=20` lists them).
 LONGEST_FIRST = (
+    "tests/test_setup_env.py",  # installs torch into a fresh .venv and trains in it: the longest test
     "tests/test_hosts.py",
     "tests/test_slurm.py",
     "tests/test_site.py::test_the_linux_path_of_getting_started_runs_as_pasted",
     "tests/test_update.py",
     "tests/test_launchers.py",
-    "tests/test_setup_env.py",  # installs torch into a fresh .venv and trains in it
     "tests/test_quickstart.py",
 )
 

@@ -25,7 +25,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]  # one worker
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "scancel")
 SETTINGS = ("--device", "cpu", "--backend", "gloo", "--precision", "no", "--parallelism", "ddp", "--seed", "5",
-            "--samples", "512", "--global-batch-size", "32", "--no-progress")  # fmt: skip
+            "--samples", "512", "--global-batch-size", "32", "--no-progress",
+            # 40 epochs, about 3 s: USR1 travels through slurmctld and slurmd, and 6 epochs (0.5 s) could end before
+            # it arrived after the first checkpoint.
+            "--epochs", "40")  # fmt: skip
 
 
 def slurm_conf(folder: Path) -> str:
@@ -143,12 +146,12 @@ def completions(cluster) -> list[str]:
 
 @pytest.fixture(scope="session")  # session: xdist interleaves modules
 def spawn_reference(project, tmp_path_factory) -> Path:
-    return train_on_one_machine(project, tmp_path_factory.mktemp("spawn"), *SETTINGS, "--epochs", "6")
+    return train_on_one_machine(project, tmp_path_factory.mktemp("spawn"), *SETTINGS)
 
 
 def test_sbatch_trains_two_tasks_bitwise_equal_to_the_spawn_path(cluster, project, spawn_reference, tmp_path):
     env = job_env(cluster, project)
-    job = submit(env, project, *SETTINGS, "--epochs", "6", "--output-dir", str(tmp_path))
+    job = submit(env, project, *SETTINGS, "--output-dir", str(tmp_path))
     state = wait_for(env, job)
     log = (project / f"slurm-{job}.out").read_text(encoding="utf-8")
     assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0"), (state, log)
@@ -164,7 +167,7 @@ def test_sbatch_trains_two_tasks_bitwise_equal_to_the_spawn_path(cluster, projec
 
 def test_usr1_saves_stops_requeues_and_the_job_ends_bitwise_equal(cluster, project, spawn_reference, tmp_path):
     env = job_env(cluster, project)
-    job = submit(env, project, *SETTINGS, "--epochs", "6", "--checkpoint-every", "5", "--output-dir", str(tmp_path))
+    job = submit(env, project, *SETTINGS, "--checkpoint-every", "20", "--output-dir", str(tmp_path))
     deadline = time.monotonic() + 240
     while not list((tmp_path / "checkpoints").glob("step-*.pt")):
         assert job_state(env, job).get("JobState") in ("PENDING", "RUNNING") and time.monotonic() < deadline
