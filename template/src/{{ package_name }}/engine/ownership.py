@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from .files import disk_full
 from .processes import WINDOWS, under_torchrun
 
 # Windows locks byte ranges, and a locked range cannot be read by others: lock one byte far past the
@@ -106,8 +107,13 @@ def hold_output_dir(output_dir: Path, node: int = 0) -> Iterator[None]:
         where = f"pid {note.get('pid', '?')} on {note.get('host', '?')}, started {note.get('started', '?')}"
         raise InUse(f"output_dir {output_dir} is in use by {run} ({where}); wait for it, or use another --output-dir")
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z").strip()
-    _note(handle, {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "run": None})
     try:
+        try:
+            _note(handle, {"pid": os.getpid(), "host": socket.gethostname(), "started": started, "run": None})
+        except OSError as error:  # a full disk: not even the note's hundred bytes fit
+            room = "free space on that disk, or use another --output-dir" if disk_full(error, output_dir) else fix
+            message = f"output_dir {output_dir}: {path.name} cannot be written ({error.strerror or error}); {room}"
+            raise InUse(message) from None
         yield
     finally:
         # The lock file goes while it is held (POSIX), or once closed (Windows: not while another launch has it open,
@@ -115,7 +121,8 @@ def hold_output_dir(output_dir: Path, node: int = 0) -> Iterator[None]:
         if not WINDOWS:
             with contextlib.suppress(OSError):
                 path.unlink()
-        handle.close()
+        with contextlib.suppress(OSError):  # the note that did not fit would be flushed again here
+            handle.close()
         with contextlib.suppress(OSError):
             if WINDOWS:
                 path.unlink()
