@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 import traceback
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ class LaunchError(RuntimeError):
 RESTART_VARIABLE = "DDP_RESTART_COUNT"  # the spawn path's twin of torchrun's TORCHELASTIC_RESTART_COUNT
 STORE_FILE_VARIABLE = "DDP_STORE_FILE"  # one machine: the ranks meet through this file, not a port
 BOUND_GLOO = "gloo_bound"  # gloo, with its sockets on the address gloo_binding() picks
+_meshes: list = []  # the DeviceMeshes made of this rank's group (world_mesh), let go of as it ends (in_the_group)
 
 
 def restart_count() -> int:
@@ -165,8 +167,27 @@ def in_the_group():
     finally:
         import torch.distributed as dist
 
+        # DTensor's caches keep each mesh for the life of the process, and a mesh its process groups (for
+        # torch.compile): a gloo group still alive at exit has worker threads whose end can abort the rank's exit
+        # ("terminate called without an active exception", SIGABRT). So the meshes let go of the groups, and the
+        # sharded model, which its hooks hold in reference cycles, is collected now, not by a later collection.
+        if _meshes:
+            for mesh in _meshes:
+                mesh._pg_registry.clear()
+            _meshes.clear()
+            gc.collect()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def world_mesh(device_type: str):
+    """The process group as the one-dimensional DeviceMesh that fully_shard takes; it ends with the group."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    _meshes.append(mesh)
+    return mesh
 
 
 def restart_store(timeout: datetime.timedelta) -> dist.Store | None:

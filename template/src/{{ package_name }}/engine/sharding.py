@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import checkpoint
+from .process_group import world_mesh
 
 FSDP = "fsdp"
 
@@ -43,10 +44,9 @@ class ShardedModel(nn.Module):
 def shard(model: nn.Module, recipe, config, device: torch.device) -> ShardedModel:
     """fully_shard: the recipe's shard(model, mesh), else its SHARD classes, else each child with parameters; then the
     root. bf16 reduces gradients in fp32."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = world_mesh(device.type)
     policy = MixedPrecisionPolicy()
     if config.precision == "bf16":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
