@@ -121,12 +121,15 @@ class SharedEnv:
             return
         if self.location.exists():
             shutil.rmtree(self.location)
-        session.run(sys.executable, "-m", "venv", str(self.location), external=True)
+        # run_install: these also run under `nox --install-only` (.ci/run installs the environment that way while
+        # apt installs the system tools).
+        session.run_install(sys.executable, "-m", "venv", str(self.location), external=True)
+        install = (self.python, "-m", "pip", "install", "-q")
         # Byte-compiled at install (pip's default): where PYTHONDONTWRITEBYTECODE is set, as on our CI machines,
         # nothing compiles later, and every `import torch` from source took several times longer.
         if torch:  # first and alone: TORCH_INDEX_URL serves torch, not the other packages
-            self.pip("install", "-q", TORCH_SPEC, *index)
-        self.pip("install", "-q", *requirements)
+            session.run_install(*install, TORCH_SPEC, *index, env=self.env, external=True)
+        session.run_install(*install, *requirements, env=self.env, external=True)
         stamp.write_text(wanted, encoding="utf-8")
 
     def pip(self, *args: str) -> None:
