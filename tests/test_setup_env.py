@@ -1,7 +1,7 @@
 """scripts/setup_env.sh without conda, for real: it makes .venv, installs requirements.txt through a local
 stand-in of the mirror (tests/wheel_index.py, serving this machine's wheels under PyPI's and PyTorch's
-layouts), runs the doctor, and scripts/train.sh then trains in that .venv. Then the README's first run, every
-command as written, each in a fresh shell that activates .venv with the README's own line.
+layouts) and runs the doctor. Then the README's first run, every command as written (scripts/train.sh trains in
+that .venv), each in a fresh shell that activates .venv with the README's own line.
 
 pip reads no configuration of its own here: only the rendered requirements.txt says where packages come from.
 """
@@ -75,9 +75,8 @@ def test_setup_env_sh_makes_a_venv_from_requirements_and_train_sh_trains_in_it(t
     # Committed first, as the README's quick start does: what the first run writes must leave it clean.
     for command in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "g"]):
         subprocess.run(["git", *command], cwd=project, env=env, check=True, capture_output=True)
-    setup = subprocess.run([str(project / "scripts" / "setup_env.sh")], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, timeout=900)  # fmt: skip
-    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr[-3000:]
+    ran = the_first_run_as_the_readme_says(project, env)
+    setup = ran["scripts/setup_env.sh"]
     assert "Environment .venv is ready. Activate it in each new terminal:\n  source .venv/bin/activate\n" in (
         setup.stdout
     )
@@ -87,16 +86,6 @@ def test_setup_env_sh_makes_a_venv_from_requirements_and_train_sh_trains_in_it(t
                                capture_output=True, text=True, timeout=120)  # fmt: skip
     assert installed.stdout.strip() == torch.__version__  # exactly the pinned build
     assert any(request.startswith("/whl/cpu/torch/") for request in local_mirror.requests)
-    train = subprocess.run(
-        [str(project / "scripts" / "train.sh"), "--epochs", "1", "--samples", "128", "--nproc-per-node", "1",
-         "--no-progress"],
-        cwd=project, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
-    assert "epoch 1/1" in train.stdout + train.stderr
-    assert (project / "outputs" / "model.pt").is_file()
-    shutil.rmtree(project / "outputs")
-    the_first_run_as_the_readme_says(project, env)
 
 
 def first_run_of(readme: str) -> tuple[str, list[str]]:
@@ -108,19 +97,25 @@ def first_run_of(readme: str) -> tuple[str, list[str]]:
     return activate, [line for block in blocks for line in block.splitlines() if line.strip()]
 
 
-def the_first_run_as_the_readme_says(project: Path, env: dict) -> None:
+def the_first_run_as_the_readme_says(project: Path, env: dict) -> dict[str, subprocess.CompletedProcess]:
+    """Each command of the README's first run, run as written; what each did, by command."""
     activate, commands = first_run_of((project / "README.md").read_text(encoding="utf-8"))
     assert activate == "source .venv/bin/activate"
     assert commands[0] == "scripts/setup_env.sh"
     assert [c.split()[2] if c.startswith("python -m ") else c.split()[0] for c in commands[1:]] == [
         "my_ddp.doctor", "scripts/train.sh", "scripts/train.sh", "my_ddp.plot", "my_ddp.evaluate", "pytest",
     ]  # fmt: skip
+    ran = {}
     for command in commands:
-        # A new terminal: nothing active, then the README's line, then the command as written.
-        done = subprocess.run(["bash", "-c", f"{activate} && {command}"], cwd=project, env=env, capture_output=True,
-                              text=True, timeout=900)  # fmt: skip
+        # A new terminal: nothing active, then the README's line (once the setup script has made .venv), then the
+        # command as written.
+        line = command if command == commands[0] else f"{activate} && {command}"
+        done = subprocess.run(["bash", "-c", line], cwd=project, env=env, capture_output=True, text=True,
+                              timeout=900)  # fmt: skip
         assert done.returncode == 0, f"{command}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
-    assert (project / "outputs" / "curves.png").is_file() and (project / "outputs" / "best.val.json").is_file()
+        ran[command] = done
+    outputs = project / "outputs"
+    assert all((outputs / name).is_file() for name in ("model.pt", "curves.png", "best.val.json"))
     # The README's overlay of two runs, then git sees nothing new: every example writes where git looks away.
     (overlay,) = re.findall(r"`(python -m \S+\.plot outputs runs/seed1 --output runs/both\.png)`",
                             (project / "README.md").read_text(encoding="utf-8"))  # fmt: skip
@@ -130,6 +125,7 @@ def the_first_run_as_the_readme_says(project: Path, env: dict) -> None:
     assert (project / "runs" / "both.png").is_file()
     status = subprocess.run(["git", "status", "--porcelain"], cwd=project, env=env, capture_output=True, text=True)
     assert status.stdout == ""
+    return ran
 
 
 def test_setup_env_sh_without_a_python_of_the_pinned_version_says_how_to_name_one(tmp_path):
