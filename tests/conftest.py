@@ -73,8 +73,8 @@ def needed_tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
         if os.environ.get("CI"):
-            pytest.fail(f"{name} is missing on CI; .ci/run installs wine64 and mingw-w64")
-        pytest.skip(f"{name} is not installed (apt-get install wine64 mingw-w64)")
+            pytest.fail(f"{name} is missing on CI; .ci/run installs Wine and mingw-w64")
+        pytest.skip(f"{name} is not installed (apt-get install wine wine64 gcc-mingw-w64-x86-64-win32)")
     return found
 
 
