@@ -25,26 +25,36 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 
+def build(rank: int, ranks: int, batch: int, samples: int, seed: int, lr: float, epochs: int) -> tuple:
+    """(sampler, loader, model, optimizer, schedule) of one rank, as the tutorial makes them."""
+    dataset = cnn_recipe.FlippedImages(samples, seed)
+    sampler = DistributedSampler(dataset, num_replicas=ranks, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=batch // ranks, sampler=sampler, drop_last=True)
+    torch.manual_seed(seed)
+    model = DistributedDataParallel(cnn_recipe.network())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * len(loader))
+    return sampler, loader, model, optimizer, schedule
+
+
+def step(model, optimizer, schedule, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    loss = functional.cross_entropy(model(inputs).float(), targets)
+    loss.backward()
+    optimizer.step()
+    schedule.step()
+
+
 def train(rank: int, args: argparse.Namespace, folder: str) -> list[float]:
     """Each epoch's training steps per second."""
-    dataset = cnn_recipe.FlippedImages(args.samples, args.seed)
-    sampler = DistributedSampler(dataset, num_replicas=args.ranks, rank=rank, shuffle=True, seed=args.seed,
-                                 drop_last=True)  # fmt: skip
-    loader = DataLoader(dataset, batch_size=args.batch // args.ranks, sampler=sampler, drop_last=True)
-    torch.manual_seed(args.seed)
-    model = DistributedDataParallel(cnn_recipe.network())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(loader))
+    sampler, loader, *objects = build(rank, args.ranks, args.batch, args.samples, args.seed, args.lr, args.epochs)
+    model = objects[0]
     rates = []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         started = time.perf_counter()
         for inputs, targets in loader:
-            optimizer.zero_grad(set_to_none=True)
-            loss = functional.cross_entropy(model(inputs).float(), targets)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
+            step(*objects, inputs, targets)
         rates.append(len(loader) / (time.perf_counter() - started))
         if rank == 0:
             torch.save(model.module.state_dict(), Path(folder) / "snapshot.pt")

@@ -55,9 +55,8 @@ def step(model, optimizer, schedule, sums: torch.Tensor, inputs: torch.Tensor, t
     sums[2] += len(targets)
 
 
-def worker(rank: int, args: argparse.Namespace) -> None:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))  # as the engine sets it
-    init_gloo(rank, args.ranks)
+def train(rank: int, args: argparse.Namespace) -> list[float]:
+    """Each epoch's training steps per second."""
     sampler, loader, model, optimizer, schedule = build(
         args.package,
         args.ranks,
@@ -78,6 +77,15 @@ def worker(rank: int, args: argparse.Namespace) -> None:
             step(model, optimizer, schedule, sums, inputs, targets)
         rates.append(len(loader) / (time.perf_counter() - started))
         dist.all_reduce(sums)
+    return rates
+
+
+def worker(rank: int, args: argparse.Namespace) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.ranks))  # as the engine sets it
+    init_gloo(rank, args.ranks)
+    # The model lives in train() only: a DDP model still alive at destroy_process_group frees the group later,
+    # from its Reducer with the GIL held, and a gloo worker that still holds a tensor then hangs the exit.
+    rates = train(rank, args)
     if rank == 0:
         print(f"steps-per-s {statistics.median(rates[1:]):.3f}", flush=True)
     dist.barrier()  # no rank tears gloo down while another still talks to it (a rank aborted once without it)
