@@ -16,7 +16,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from . import Batch
 from .processes import process_context
-from .streams import WATCHED, sample_seed, seed_torch
+from .streams import WATCHED, sample_seed
 
 # A rank without workers fetches this many batches at a time: SampleSeeded then saves, watches and puts back the
 # random streams once per fetch, not once per batch (numpy's get_state alone takes about 30 us); the fetch's
@@ -165,10 +165,10 @@ class SampleSeeded(Dataset):
     A rank without workers gets its own streams back after each fetch, so its dropout stream is its own;
     a worker draws from them for the dataset alone. Only CPU streams are seeded: workers cannot use CUDA.
 
-    torch's stream is seeded for every sample; numpy's and Python's once the dataset is seen to draw from them
-    (streams.WATCHED): until then each fetch compares their states before and after, and the first fetch that
-    moves one is fetched again, with that stream put back and seeded from then on. So in each process (a rank,
-    or a worker) that one fetch is made twice.
+    A stream (torch's, numpy's, Python's: streams.WATCHED) is seeded for every sample once the dataset is seen to
+    draw from it: until then each fetch compares its state before and after, and a fetch that moved one is made
+    again with that stream put back and seeded from then on (again until no other stream moves: a draw may hang
+    on another). So in each process (a rank, or a worker) such a fetch is made twice, once per stream at most.
     """
 
     def __init__(self, dataset: Dataset, seed: int) -> None:
@@ -181,24 +181,22 @@ class SampleSeeded(Dataset):
 
     def __getitems__(self, keys: tuple[int, list]):
         own = get_worker_info() is None  # a rank's own streams, to give back; a worker's are the dataset's
-        torch_state = torch.get_rng_state() if own else None
         before = {stream.name: stream.get() for stream in WATCHED if own or stream.name not in self.draws_from}
         try:
-            samples = self.fetch(keys)
-            moved = [
-                stream
-                for stream in WATCHED
-                if stream.name not in self.draws_from and not stream.same(before[stream.name], stream.get())
-            ]
-            if not moved:
-                return samples
-            for stream in moved:  # drawn from unseeded: put back, and the batch again with it seeded
-                stream.put(before[stream.name])
-                self.draws_from.add(stream.name)
-            return self.fetch(keys)
+            while True:
+                samples = self.fetch(keys)
+                moved = [
+                    stream
+                    for stream in WATCHED
+                    if stream.name not in self.draws_from and not stream.same(before[stream.name], stream.get())
+                ]
+                if not moved:
+                    return samples
+                for stream in moved:  # drawn from unseeded: put back, and the batch again with it seeded
+                    stream.put(before[stream.name])
+                    self.draws_from.add(stream.name)
         finally:
             if own:
-                torch.set_rng_state(torch_state)
                 for stream in WATCHED:
                     if stream.name in self.draws_from:
                         stream.put(before[stream.name])
@@ -209,16 +207,17 @@ class SampleSeeded(Dataset):
         return [self.fetch_batch(seeded, epoch, indices) for indices in batches]
 
     def fetch_batch(self, seeded: list, epoch: int, indices: list):
-        seed_streams = (seed_torch, *seeded)  # per sample only the seeding and the fetch: a call more costs each
+        if not seeded:
+            return self.dataset.__getitems__(indices) if self.batched else [self.dataset[index] for index in indices]
         if self.batched:
             seed = sample_seed(self.seed, epoch, indices[0])
-            for seed_stream in seed_streams:
+            for seed_stream in seeded:
                 seed_stream(seed)
             return self.dataset.__getitems__(indices)
         samples, dataset, run_seed = [], self.dataset, self.seed
-        for index in indices:
+        for index in indices:  # per sample only the seeding and the fetch: a call more costs each
             seed = sample_seed(run_seed, epoch, index)
-            for seed_stream in seed_streams:
+            for seed_stream in seeded:
                 seed_stream(seed)
             samples.append(dataset[index])
         return samples
