@@ -156,8 +156,8 @@ def same_work_markdown(result: dict) -> str:
         "DataLoader | seeding adds |",
         "|---|---|---|---|---|---|",
     ]
-    for kind, label in (("batched", "the default data through a `__getitems__` (one seed a batch)"),
-                        ("one by one", "the default data, `__getitem__` (one seed a sample)")):  # fmt: skip
+    for kind, label in (("batched", "the default data through a `__getitems__` (a batch at a time)"),
+                        ("one by one", "the default data, `__getitem__` (a sample at a time)")):  # fmt: skip
         seeded, unseeded, plain = (us[f"{kind}, {name}"] for name in ("SampleSeeded", "unseeded", "plain indexing"))
         lines.append(f"| {label} | {seeded:.1f} us | {unseeded:.1f} us | {plain:.1f} us | {seeded / plain:.2f} | "
                      f"{seeded - unseeded:.1f} us a batch |")  # fmt: skip
