@@ -55,41 +55,24 @@ def map_tensors(batch, change):
 
 def to_device(batch, device: torch.device):
     """The batch with every tensor in it on `device` (tensors, tuples, lists, dicts, namedtuples, dataclasses)."""
-    if isinstance(batch, torch.Tensor):  # the common cases, without a function call per tensor
-        return batch.to(device, non_blocking=True)
-    if type(batch) in (tuple, list, Batch) and all(isinstance(item, torch.Tensor) for item in batch):
-        return type(batch)(item.to(device, non_blocking=True) for item in batch)
     return map_tensors(batch, lambda tensor: tensor.to(device, non_blocking=True))
 
 
-def tensors_in(batch):
-    """Every tensor in the batch, depth first, in the order map_tensors visits them."""
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for value in batch.values():
-            yield from tensors_in(value)
-    elif isinstance(batch, (list, tuple)):
-        for value in batch:
-            yield from tensors_in(value)
-    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        for field in dataclasses.fields(batch):
-            yield from tensors_in(getattr(batch, field.name))
-
-
 def samples_in(batch) -> int:
-    """How many samples the batch holds: the leading dimension of its first tensor."""
-    if isinstance(batch, torch.Tensor) and batch.dim():  # the common cases, without walking a structure
-        return len(batch)
-    if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].dim():
-        return len(batch[0])
-    first = next(tensors_in(batch), None)
-    if first is None or first.dim() == 0:
+    """How many samples the batch holds: the leading dimension of its first tensor, in map_tensors' order."""
+    found: list[torch.Tensor] = []
+
+    def remember(tensor: torch.Tensor) -> torch.Tensor:
+        found.append(tensor)
+        return tensor
+
+    map_tensors(batch, remember)
+    if not found or found[0].dim() == 0:
         raise TypeError(
             f"cannot count the samples of a batch of type {type(batch).__name__}: it holds no tensor with a "
             "batch dimension; return tensors from the Dataset (or its collate_fn)"
         )
-    return len(first)
+    return len(found[0])
 
 
 class ResumableSampler(DistributedSampler):
