@@ -17,13 +17,10 @@ from .recipes import load_recipe
 
 
 @dataclass(frozen=True)
-class RankContext:
-    """Who this rank is, where it computes, what it trains and where it logs."""
+class RankContext(RankInfo):
+    """Who this rank is (RankInfo), where it computes, what it trains and where it logs."""
 
     config: Config
-    rank: int
-    world_size: int
-    started_by: str  # for the log: spawn (this program), torchrun, srun
     devices: tuple[torch.device, ...]  # one for plain DDP; the split model's two: inputs on [0], targets on [-1]
     recipe: ModuleType
     log: logging.Logger  # rank<N>: logs.rank_logger gives it its files once rank 0 has claimed the folder
@@ -36,10 +33,8 @@ class RankContext:
     def create(cls, config: Config, info: RankInfo, log: logging.Logger | None = None) -> RankContext:
         """The rank's devices computed and the recipe imported (and checked) here, once."""
         return cls(
+            **vars(info),
             config=config,
-            rank=info.rank,
-            world_size=info.world_size,
-            started_by=info.started_by,
             devices=devices_for(config, info.local_rank),
             recipe=load_recipe(config.recipe),
             log=log or logging.getLogger(f"{PACKAGE}.rank{info.rank}"),
