@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from .engine.command_line import build_parser, with_flags
+from .engine.command_line import build_parser, usage, with_flags
 from .engine.config import DEFAULT_CONFIG, Config, ConfigError
 from .engine.config_file import load
 from .engine.launch import evaluation, join_as_rank, spawn
@@ -77,6 +77,9 @@ def from_command_line(argv: list[str] | None) -> tuple[Config, Path, str]:
         parser.error(str(error))
     parser = build_parser(PROG, current=config)
     parser.description = __doc__.splitlines()[0] + ". Every training flag overrides the run's setting."
+    parser.usage = usage(
+        PROG, "[-h]", "--checkpoint CHECKPOINT", "[--split {val,test}]", "[--config CONFIG]", "[--SETTING VALUE ...]"
+    )
     parser.add_argument("--checkpoint", type=Path, required=True, help="best.pt, model.pt or a step checkpoint")
     parser.add_argument("--split", choices=("val", "test"), default="val", help="which data set (default: val)")
     args = vars(parser.parse_args(argv))

@@ -8,6 +8,7 @@ import difflib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,10 +79,25 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{wrapped(f'error: {message}')}\n{CONFIG_HELP_HINT.format(prog=self.prog)}\n")
 
 
+def usage(prog: str, *parts: str) -> str:
+    """The command's shape for --help, wrapped as argparse wraps but never inside a part. argparse's own usage
+    lists every flag again, above their list, and `[--stop-on-nonfinite-loss | --no-stop-on-nonfinite-loss]`
+    alone overflows an 80-column console."""
+    width = shutil.get_terminal_size().columns - 2  # argparse's width
+    lines = [f"usage: {prog}"]
+    indent = " " * len(lines[0])
+    for part in parts:
+        if len(lines[-1]) + 1 + len(part) > width and lines[-1] != indent:
+            lines.append(indent)
+        lines[-1] += " " + part
+    return "\n".join(lines).removeprefix("usage: ")
+
+
 def build_parser(prog: str, current: Config | None = None) -> argparse.ArgumentParser:
     """A flag per setting, generated from Config; --help shows each one's meaning and its value in the file."""
     parser = Parser(
         prog=prog,
+        usage=usage(prog, "[-h]", "[--config CONFIG]", "[--SETTING VALUE ...]"),
         description="Train with DistributedDataParallel. Run plainly, it starts its own ranks; "
         "under torchrun it joins as one rank. Every flag overrides the same setting in the config file.",
     )
