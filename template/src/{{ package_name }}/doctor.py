@@ -33,9 +33,8 @@ except Exception as error:  # noqa: BLE001 - ImportError, OSError ("libcudnn.so.
 from .engine.config import DEFAULT_CONFIG, Config, ConfigError
 from .engine.config_file import load
 from .engine.devices import backend_problems, visible_gpus
-from .engine.launch import check_port_free
 from .engine.logs import wrapped
-from .engine.process_group import LaunchError, gloo_binding
+from .engine.process_group import LaunchError, check_meeting_place, gloo_binding
 
 PROG = f"python -m {__package__}.doctor"
 
@@ -172,11 +171,10 @@ def compare(config: Config) -> list[Finding]:
         )
     found += [Finding("FAIL", problem) for problem in backend_problems(config)]
     found += gpu_architectures(config)
-    if config.nnodes > 1 and config.node_rank == 0:  # one machine needs no port: its ranks meet through a file
-        try:
-            check_port_free(config.master_addr, config.master_port)
-        except LaunchError as error:
-            found.append(Finding("FAIL", str(error)))
+    try:
+        check_meeting_place(config)
+    except LaunchError as error:
+        found.append(Finding("FAIL", str(error)))
     if not found:
         found.append(Finding("ok", "this machine matches the project's answers"))
     return found
@@ -402,6 +400,7 @@ def smoke_check(config: Config) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    sys.stdout.reconfigure(errors="backslashreplace")  # piped, a path's characters may lie outside the code page
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument(

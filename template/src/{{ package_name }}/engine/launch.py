@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from .config import Config
 from .logs import shown_path, wrapped
-from .process_group import RESTART_VARIABLE, STORE_FILE_VARIABLE, LaunchError, restart_count
+from .process_group import RESTART_VARIABLE, STORE_FILE_VARIABLE, LaunchError, check_meeting_place, restart_count
 from .processes import WINDOWS, RankInfo, process_context, torchrun_rank, under_torchrun
 from .stopping import (
     INTERRUPTED,
@@ -152,8 +151,7 @@ def spawn(config: Config, rank_main: Callable[[Config, RankInfo], int] = trainin
     os.environ.update({"MASTER_ADDR": config.master_addr, "MASTER_PORT": str(config.master_port)})
     if WINDOWS:
         os.environ["USE_LIBUV"] = "0"  # Windows wheels have no libuv; the TCP store of a multi-node job asks for it
-    if config.nnodes > 1 and config.node_rank == 0:
-        check_port_free(config.master_addr, config.master_port)
+    check_meeting_place(config)
     warn_about_oversubscription(config)
     stops = [getattr(signal, name) for name in ("SIGTERM", "SIGBREAK") if hasattr(signal, name)]
     previous = {signum: signal.signal(signum, _ask_ranks_to_stop) for signum in stops}
@@ -190,23 +188,6 @@ def warn_about_oversubscription(config: Config) -> None:
             f"fraction of a core and its own copy of torch in memory, so training is slower than with "
             f"--nproc-per-node {cores}"
         )
-
-
-def check_port_free(address: str, port: int) -> None:
-    """Fail fast, naming the port, instead of a rank dying deep inside TCPStore."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        if not WINDOWS:
-            # as TCPStore binds: a port in TIME_WAIT from the last run is free (on Windows, one in use would be too)
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((address, port))
-        except OSError as error:
-            raise LaunchError(
-                f"master_port {port} on {address} is not available ({error.strerror or error}). "
-                f"Pick another port: --master-port {port + 1 if port < 65535 else 29500}, "
-                "or master_port in configs/train.toml. On Windows, ports reserved by Hyper-V/WSL/Docker are listed "
-                "by `netsh interface ipv4 show excludedportrange protocol=tcp`."
-            ) from None
 
 
 def _run_ranks(config: Config, folder: Path, rank_main: Callable) -> int:

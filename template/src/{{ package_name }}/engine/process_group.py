@@ -6,10 +6,13 @@ import contextlib
 import datetime
 import gc
 import os
+import socket
+import tempfile
 import traceback
 from typing import TYPE_CHECKING
 
 from .config import Config
+from .processes import WINDOWS
 
 if TYPE_CHECKING:
     import torch
@@ -24,6 +27,47 @@ RESTART_VARIABLE = "DDP_RESTART_COUNT"  # the spawn path's twin of torchrun's TO
 STORE_FILE_VARIABLE = "DDP_STORE_FILE"  # one machine: the ranks meet through this file, not a port
 BOUND_GLOO = "gloo_bound"  # gloo, with its sockets on the address gloo_binding() picks
 _meshes: list = []  # the DeviceMeshes made of this rank's group (world_mesh), let go of as it ends (in_the_group)
+
+
+def store_path(path: str) -> str | bytes:
+    """The path of the file the ranks of one machine meet through, as torch's FileStore must be given it: it opens
+    the file with the C runtime's narrow open(), which on Windows reads the bytes in the ANSI code page, not as
+    UTF-8, so a temporary folder under a Chinese user name given as UTF-8 is not found. UnicodeEncodeError where
+    that code page cannot hold the path."""
+    return path.encode("mbcs") if WINDOWS else path
+
+
+def check_meeting_place(config: Config) -> None:
+    """Before any rank starts: fail, naming the fix, where the ranks could not meet (node 0's port, or one
+    machine's store file)."""
+    if config.nnodes > 1 and config.node_rank == 0:
+        check_port_free(config.master_addr, config.master_port)
+    elif config.nnodes == 1:
+        try:
+            store_path(tempfile.gettempdir())
+        except UnicodeEncodeError:
+            raise LaunchError(
+                f"the temporary folder {tempfile.gettempdir()} has characters that this Windows' code page cannot "
+                "hold, and PyTorch opens the file the ranks meet through in that code page. Point TEMP at a folder "
+                'with a plain name first: mkdir C:\\Temp, then set TEMP=C:\\Temp (PowerShell: $env:TEMP = "C:\\Temp")'
+            ) from None
+
+
+def check_port_free(address: str, port: int) -> None:
+    """Fail fast, naming the port, instead of a rank dying deep inside TCPStore."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        if not WINDOWS:
+            # as TCPStore binds: a port in TIME_WAIT from the last run is free (on Windows, one in use would be too)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((address, port))
+        except OSError as error:
+            raise LaunchError(
+                f"master_port {port} on {address} is not available ({error.strerror or error}). "
+                f"Pick another port: --master-port {port + 1 if port < 65535 else 29500}, "
+                "or master_port in configs/train.toml. On Windows, ports reserved by Hyper-V/WSL/Docker are listed "
+                "by `netsh interface ipv4 show excludedportrange protocol=tcp`."
+            ) from None
 
 
 def restart_count() -> int:
@@ -124,7 +168,7 @@ def init_process_group(config: Config, rank: int, world_size: int, devices: tupl
             backend = BOUND_GLOO
         store = restart_store(timeout)
         if store is None and store_file:
-            store = dist.FileStore(store_file, world_size)
+            store = dist.FileStore(store_path(store_file), world_size)
             store.set_timeout(timeout)
         dist.init_process_group(
             backend=backend,
