@@ -18,6 +18,7 @@ from .devices import as_flags, fit_to, gpus_needed
 from .launch import spawn, training
 from .logs import wrapped
 from .ownership import temporary_files_in
+from .process_group import LaunchError
 
 STEPS_PER_EPOCH = 10  # two epochs: 20 steps, a checkpoint after the first 10
 SLOWER_THAN_BARE = 0.1  # the engine below a tenth of a bare loop's samples/s fails (10-step epochs are noisy)
@@ -81,6 +82,9 @@ def run_phase(config: Config, log: Path, rank_main=training) -> tuple[int, str]:
         os.dup2(target.fileno(), 2)
     try:
         status = spawn(config, rank_main)
+    except LaunchError as error:  # before any rank started (check_meeting_place)
+        print(f"error: {error}", file=sys.stderr)
+        status = 1
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
