@@ -43,11 +43,12 @@ def check_meeting_place(config: Config) -> None:
     if config.nnodes > 1 and config.node_rank == 0:
         check_port_free(config.master_addr, config.master_port)
     elif config.nnodes == 1:
+        folder = tempfile.gettempdir()  # spawn's store file goes in a new folder in there
         try:
-            store_path(tempfile.gettempdir())
+            store_path(folder)
         except UnicodeEncodeError:
             raise LaunchError(
-                f"the temporary folder {tempfile.gettempdir()} has characters that this Windows' code page cannot "
+                f"the temporary folder {folder} has characters that this Windows' code page cannot "
                 "hold, and PyTorch opens the file the ranks meet through in that code page. Point TEMP at a folder "
                 'with a plain name first: mkdir C:\\Temp, then set TEMP=C:\\Temp (PowerShell: $env:TEMP = "C:\\Temp")'
             ) from None
