@@ -33,7 +33,7 @@ except Exception as error:  # noqa: BLE001 - ImportError, OSError ("libcudnn.so.
 from .engine.config import DEFAULT_CONFIG, Config, ConfigError
 from .engine.config_file import load
 from .engine.devices import backend_problems, visible_gpus
-from .engine.logs import wrapped
+from .engine.logs import escape_what_stdout_cannot_encode, wrapped
 from .engine.process_group import LaunchError, check_meeting_place, gloo_binding
 
 PROG = f"python -m {__package__}.doctor"
@@ -400,7 +400,7 @@ def smoke_check(config: Config) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    sys.stdout.reconfigure(errors="backslashreplace")  # piped, a path's characters may lie outside the code page
+    escape_what_stdout_cannot_encode()
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument(

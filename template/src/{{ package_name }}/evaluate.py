@@ -24,6 +24,7 @@ from .engine.command_line import build_parser, usage, with_flags
 from .engine.config import DEFAULT_CONFIG, Config, ConfigError
 from .engine.config_file import load
 from .engine.launch import evaluation, join_as_rank, spawn
+from .engine.logs import escape_what_stdout_cannot_encode
 from .engine.ownership import private_temporary_folder
 from .engine.process_group import LaunchError
 from .engine.processes import torchrun_rank, under_torchrun
@@ -91,6 +92,7 @@ def from_command_line(argv: list[str] | None) -> tuple[Config, Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    escape_what_stdout_cannot_encode()
     config, checkpoint, split = from_command_line(argv)
     target = result_path(checkpoint, split)
     each_rank = functools.partial(evaluation, checkpoint=str(checkpoint), split=split, result_path=str(target))

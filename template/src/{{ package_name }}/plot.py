@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .engine.logs import escape_what_stdout_cannot_encode
+
 PROG = f"python -m {__package__}.plot"
 NOT_METRICS = {"epoch", "step", "loss", "lr", "samples_per_s", "resumed", "grad_norm"}
 MARKERS_UP_TO = 30  # epochs; beyond that, markers only blot the line
@@ -181,6 +183,7 @@ def figure_of(runs: list[Run], matplotlib):
 
 
 def main(argv: list[str] | None = None) -> int:
+    escape_what_stdout_cannot_encode()
     parser = argparse.ArgumentParser(prog=PROG, description="Plot metrics.csv of one or several training runs.")
     parser.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="a run's output folder (holds metrics.csv)")
     parser.add_argument("--output", type=Path, help="the PNG to write (one run: RUN/curves.png; several: curves.png)")

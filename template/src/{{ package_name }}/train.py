@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .engine.command_line import TRAIN_COMMAND, from_command_line, resume_command
 from .engine.launch import join_as_rank, spawn
-from .engine.logs import wrapped
+from .engine.logs import escape_what_stdout_cannot_encode, wrapped
 from .engine.ownership import InUse, holding_the_output_dir, private_temporary_folder
 from .engine.process_group import LaunchError
 from .engine.processes import torchrun_rank, under_torchrun
@@ -32,6 +32,7 @@ from .engine.stopping import (
 
 
 def main(argv: list[str] | None = None) -> int:
+    escape_what_stdout_cannot_encode()  # --print-config shows output_dir
     config = from_command_line(argv, TRAIN_COMMAND)
     try:
         with holding_the_output_dir(config), private_temporary_folder():

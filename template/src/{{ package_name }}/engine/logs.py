@@ -130,6 +130,12 @@ def plural(count: int, ending: str = "s") -> str:
     return "" if count == 1 else ending
 
 
+def escape_what_stdout_cannot_encode() -> None:
+    """Redirected on Windows, stdout encodes in the ANSI code page (1252 on an English one): a path's characters
+    outside it are printed as escapes, not a UnicodeEncodeError once the work is done."""
+    sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def wrapped(message: str, stream=None, indent: str = "  ") -> str:
     """A long message broken at spaces to the console's width, continuation lines indented; unchanged when
     the stream (stderr by default) is not a terminal: a log file or a pipe keeps one line per message."""
