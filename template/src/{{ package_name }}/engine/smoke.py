@@ -82,9 +82,6 @@ def run_phase(config: Config, log: Path, rank_main=training) -> tuple[int, str]:
         os.dup2(target.fileno(), 2)
     try:
         status = spawn(config, rank_main)
-    except LaunchError as error:  # before any rank started (check_meeting_place)
-        print(f"error: {error}", file=sys.stderr)
-        status = 1
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -218,6 +215,8 @@ def main(config: Config) -> int:
         # torch's compile cache (torchinductor_<user>) goes with the check's folder; multiprocessing's own stays
         with temporary_files_in(folder):
             steps = run_steps(config, folder)
+    except LaunchError as error:  # refused before any rank started (check_meeting_place): so would every launch be
+        steps = [Step("starting the ranks", False, str(error))]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     for step in steps:
