@@ -76,7 +76,7 @@ class Parser(argparse.ArgumentParser):
         if message.startswith("unrecognized arguments: "):
             flags = [flag for action in self._actions for flag in action.option_strings]
             message += did_you_mean(message.split()[2].split("=")[0], flags)
-        self.exit(2, f"{wrapped(f'error: {message}')}\n{CONFIG_HELP_HINT.format(prog=self.prog)}\n")
+        self.exit(2, f"{wrapped(f'error: {message}')}\n{wrapped(CONFIG_HELP_HINT.format(prog=self.prog))}\n")
 
 
 def usage(prog: str, *parts: str) -> str:
