@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import windows_path
-from render import ANSWER_SETS
+from render import ANSWER_SETS, render
 
 # One worker runs them all: each worker would otherwise create its own Wine prefix (seconds of CPU each)
 # and render the Windows answer sets again.
@@ -49,6 +49,18 @@ def test_train_bat_passes_only_the_config_then_every_argument(rendered, wine_cmd
     assert run.env("python")["USE_LIBUV"] == "0"
     # As typed: the resume hint after Ctrl+C names this script (train.py's resume_command).
     assert run.env("python")["DDP_LAUNCHER"] == launcher(project, "train.bat")
+
+
+def test_train_bat_double_clicked_in_a_folder_named_with_an_ampersand(tmp_path, wine_cmd):
+    """Explorer starts a double-clicked script as `cmd /c ""C:\\R&D project\\scripts\\train.bat" "`."""
+    project = tmp_path / "R&D project"
+    render(project, ANSWER_SETS["windows-cpu-default"])
+    script = launcher(project, "train.bat")
+    run = wine_cmd.run(script.replace("&", "^&"))  # ^: the driver's own line would end at the &
+    assert run.launcher_exit == 0, run.stdout
+    config = windows_path(project / "scripts") + "\\..\\configs\\train.toml"
+    assert run.args("python") == ["-m", f"{answers_of(project)['package_name']}.train", "--config", config]
+    assert run.env("python").get("DDP_LAUNCHER") == script, run.stdout  # the hint after Ctrl+C names it
 
 
 def test_train_bat_in_the_projects_active_environment_starts_python_directly(rendered, wine_cmd):
@@ -195,11 +207,12 @@ def test_train_ps1_mirrors_train_bat(rendered, name):
     ps1 = (project / "scripts" / "train.ps1").read_text(encoding="ascii")  # ASCII: PowerShell 5.1 reads UTF-8 as ANSI
     assert dict(PS1_SET.findall(ps1)) == {"USE_LIBUV": "0"}
     assert dict(BAT_SET.findall(bat)) == {
-        "USE_LIBUV": "0", "DDP_LAUNCHER": "%0",  # the script as typed
-        "VIRTUAL_ENV": "%~dp0..\\.venv", "PATH": "%~dp0..\\.venv\\Scripts;%PATH%",
+        "USE_LIBUV": "0", "VIRTUAL_ENV": "%~dp0..\\.venv", "PATH": "%~dp0..\\.venv\\Scripts;%PATH%",
     }  # fmt: skip
+    # The script as typed, quoted: the value holds its quotes, and a path holding & or a space stays one word.
+    assert 'set DDP_LAUNCHER="%~0"' in bat.splitlines()
     launcher_line = (
-        '$env:DDP_LAUNCHER = "powershell -ExecutionPolicy Bypass -File $(Resolve-Path -Relative $PSCommandPath)"'
+        '$env:DDP_LAUNCHER = "powershell -ExecutionPolicy Bypass -File `"$(Resolve-Path -Relative $PSCommandPath)`""'
     )
     assert launcher_line in ps1.splitlines()
     # The same .venv, set up the same way (PowerShell's lines hold a variable, so they are not PS1_SET's form).
