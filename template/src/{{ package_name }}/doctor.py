@@ -23,6 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+if not __package__:  # started as a file (python src/<package>/doctor.py, an editor's Run button): as the module, with
+    here = Path(__file__).resolve().parent  # the package importable and its folder's files not shadowing others
+    sys.path[:] = [str(here.parent), *(entry for entry in sys.path if Path(entry or ".").resolve() != here)]
+    __package__ = here.name
+
 try:  # the doctor answers where torch cannot load: a CUDA build missing its libraries, or no torch at all
     import torch
     import torch.distributed as dist

@@ -20,6 +20,11 @@ import json
 import sys
 from pathlib import Path
 
+if not __package__:  # started as a file (python src/<package>/evaluate.py, an editor's Run button): as the module, with
+    here = Path(__file__).resolve().parent  # the package importable and its folder's files not shadowing others
+    sys.path[:] = [str(here.parent), *(entry for entry in sys.path if Path(entry or ".").resolve() != here)]
+    __package__ = here.name
+
 from .engine.command_line import build_parser, usage, with_flags
 from .engine.config import DEFAULT_CONFIG, Config, ConfigError
 from .engine.config_file import load

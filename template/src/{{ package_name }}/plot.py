@@ -18,6 +18,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+if not __package__:  # started as a file (python src/<package>/plot.py, an editor's Run button): as the module, with
+    here = Path(__file__).resolve().parent  # the package importable and its folder's files not shadowing others
+    sys.path[:] = [str(here.parent), *(entry for entry in sys.path if Path(entry or ".").resolve() != here)]
+    __package__ = here.name
+
 from .engine.logs import escape_what_stdout_cannot_encode
 
 PROG = f"python -m {__package__}.plot"

@@ -15,6 +15,11 @@ import os
 import sys
 from pathlib import Path
 
+if not __package__:  # started as a file (python src/<package>/train.py, an editor's Run button): as the module, with
+    here = Path(__file__).resolve().parent  # the package importable and its folder's files not shadowing others
+    sys.path[:] = [str(here.parent), *(entry for entry in sys.path if Path(entry or ".").resolve() != here)]
+    __package__ = here.name
+
 from .engine.command_line import TRAIN_COMMAND, from_command_line, resume_command
 from .engine.launch import join_as_rank, spawn
 from .engine.logs import escape_what_stdout_cannot_encode, wrapped
