@@ -37,7 +37,7 @@ from .engine.stopping import (
 
 
 def main(argv: list[str] | None = None) -> int:
-    escape_what_stdout_cannot_encode()  # --print-config shows output_dir
+    escape_what_stdout_cannot_encode()  # --print-config names the settings files, whose folders may be Chinese
     config = from_command_line(argv, TRAIN_COMMAND)
     try:
         with holding_the_output_dir(config), private_temporary_folder():
